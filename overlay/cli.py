@@ -1,0 +1,235 @@
+"""Command line: fetch, check, apply, export, build, test.
+
+Exit codes: 0 ok; 1 a patch conflicts, drifts or is already upstream;
+2 bad input (series, lock, patch file, arguments); 3 download or checksum
+failure; 4 build refused (the series cannot be laid over a binary wheel);
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from overlay import ROOT
+from overlay import __version__ as OVERLAY_VERSION
+from overlay import errors, lock as lockmod, report, series as seriesmod
+from overlay.errors import OverlayError
+
+DESCRIPTION = """\
+Build vLLM with this repository's patch series applied.
+
+The series (series + patches/) applies to the upstream vLLM pinned in
+upstream.lock. `build` lays the patched Python files over the pinned binary
+wheel and writes dist/<name>-<version>+ovl...whl; install it with pip.
+"""
+
+EPILOG = """\
+commands, in the order a user meets them:
+  build     fetch what is missing, apply the series, write the wheel to dist/
+  fetch     download and verify the pinned source and binary wheel(s) into the cache
+  check     dry-run the series on a scratch tree; fail on any conflict, offset
+            drift, patch already upstream, or patch header without trailers
+  apply     create the maintainer tree (build/tree, branch 'patched', one commit per patch)
+  export    write patches/ and series back from the maintainer tree
+  test      run the test suite (pytest; extra arguments go to pytest)
+
+exit codes: 0 ok, 1 patch failed, 2 bad input, 3 fetch/checksum failed,
+4 build refused, 130 interrupted
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--series", type=Path, default=ROOT / "series",
+                        help="series file; patches are read from patches/ beside it (default: %(default)s)")
+    common.add_argument("--lock", type=Path, default=None,
+                        help="lock file (default: upstream.lock beside the series)")
+    common.add_argument("--cache-dir", default=None,
+                        help="download and base-tree cache (default: $VLLM_OVERLAY_CACHE or ~/.cache/vllm-overlay)")
+    common.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+    p = argparse.ArgumentParser(prog="apply.py", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--version", action="version", version=f"vllm-overlay {OVERLAY_VERSION}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    b = sub.add_parser("build", parents=[common], help="build the patched wheel into dist/",
+                       description="Fetch what is missing, apply the series and write the wheel.")
+    b.add_argument("--target", choices=lockmod.TARGETS, default=None,
+                   help="which binary wheel to extend (default: cuda where a GPU is present, else cpu)")
+    b.add_argument("--dist", type=Path, default=ROOT / "dist", help="output folder (default: %(default)s)")
+
+    f = sub.add_parser("fetch", parents=[common], help="download and verify pinned artifacts",
+                       description="Download the pinned source and wheels into the cache, verifying sha256.")
+    f.add_argument("--target", choices=(*lockmod.TARGETS, "all"), default=None,
+                   help="which binary wheel(s) to fetch besides the source (default: this machine's)")
+
+    sub.add_parser("check", parents=[common], help="dry-run the series strictly on a scratch tree",
+                   description="Apply the series to a scratch copy of the pin. Fails on any conflict, "
+                               "offset drift, patch already upstream, or missing header trailer.")
+
+    a = sub.add_parser("apply", parents=[common], help="create the maintainer tree",
+                       description="Create a git checkout of the pin with one commit per patch on "
+                                   "branch 'patched' (tag 'upstream' marks the base).")
+    a.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="where (default: %(default)s)")
+    a.add_argument("--force", action="store_true", help="replace an existing tree (loses unexported work)")
+
+    e = sub.add_parser("export", parents=[common], help="write patches/ and series from the tree",
+                       description="Export upstream..HEAD of the maintainer tree as patches; "
+                                   "deterministic, so an unchanged branch rewrites no byte.")
+    e.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="which tree (default: %(default)s)")
+
+    sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["test"]:
+        return _run_tests(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except OverlayError as e:
+        return _fail(args, e)
+    except KeyboardInterrupt:
+        print("interrupted; nothing was left half-written", file=sys.stderr)
+        return errors.INTERRUPTED
+    except subprocess.CalledProcessError as e:  # a git step the tool did not expect to fail
+        print(f"error: {' '.join(map(str, e.cmd))} failed:\n{e.stderr}", file=sys.stderr)
+        return errors.BAD_INPUT
+
+
+def _fail(args, e: OverlayError) -> int:
+    result = getattr(e, "result", None)
+    if args.json:
+        payload = {"ok": False, "error": str(e), "exit_code": e.exit_code}
+        if result is not None:
+            payload["patches"] = [r.as_json() for r in result.results]
+        report.emit_json(payload)
+    else:
+        if result is not None:
+            report.console().print(report.series_table(result, strict=args.command == "check"))
+        print(f"error: {e}", file=sys.stderr)
+    return e.exit_code
+
+
+def _load(args):
+    from overlay.fetch import Cache
+
+    series = seriesmod.load(args.series.resolve())
+    lock = lockmod.load((args.lock or args.series.resolve().parent / "upstream.lock").resolve())
+    return lock, series, Cache.locate(args.cache_dir)
+
+
+def cmd_fetch(args) -> int:
+    from overlay.build import default_target
+    from overlay.fetch import fetch_artifact
+    from overlay.tree import base_repo
+
+    lock, _series, cache = _load(args)
+    base = base_repo(lock, cache, quiet=args.quiet)
+    target = args.target or default_target()
+    targets = list(lock.wheels) if target == "all" else [target]
+    wheels = {t: str(fetch_artifact(lock.wheel(t), cache, quiet=args.quiet)) for t in targets}
+    if args.json:
+        report.emit_json({"ok": True, "base_tree": str(base), "wheels": wheels})
+    else:
+        print(f"upstream tree: {base}")
+        for t, path in wheels.items():
+            print(f"{t} wheel: {path} (sha256 verified)")
+    return errors.OK
+
+
+def _series_report(args, strict: bool) -> int:
+    from overlay.patching import run_series
+    from overlay.tree import base_repo
+
+    lock, series, cache = _load(args)
+    problems = []
+    if strict:
+        for p in series.patches:
+            missing = [t for t in seriesmod.REQUIRED_TRAILERS if t not in p.trailers()]
+            if missing:
+                problems.append(f"patch {p.name}: header lacks {', '.join(missing)}: trailer(s)")
+    result = run_series(base_repo(lock, cache, quiet=args.quiet), series, strict=strict)
+    ok = result.ok(strict) and not problems
+    if args.json:
+        report.emit_json({
+            "ok": ok, "series_sha256": series.sha256, "upstream": lock.version,
+            "patches": [r.as_json() for r in result.results], "problems": problems,
+        })  # fmt: skip
+    else:
+        report.console().print(report.series_table(result, strict=strict))
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"series {series.sha256[:12]}: {'ok' if ok else 'FAILED'} against vLLM {lock.version}")
+    if problems and result.ok(strict):
+        return errors.BAD_INPUT
+    return errors.OK if ok else errors.PATCH_FAILED
+
+
+def cmd_check(args) -> int:
+    return _series_report(args, strict=True)
+
+
+def cmd_apply(args) -> int:
+    from overlay.maintain import make_tree
+    from overlay.tree import base_repo
+
+    lock, series, cache = _load(args)
+    result = make_tree(base_repo(lock, cache, quiet=args.quiet), series, args.tree.resolve(), force=args.force)
+    if args.json:
+        report.emit_json({"ok": True, "tree": str(args.tree), "patches": [r.as_json() for r in result.results]})
+    else:
+        report.console().print(report.series_table(result, strict=False))
+        print(f"tree: {args.tree} (branch 'patched'; base tag 'upstream'). Edit, commit, then `apply.py export`.")
+    return errors.OK
+
+
+def cmd_export(args) -> int:
+    from overlay.maintain import export
+
+    changes = export(args.tree.resolve(), args.series.resolve())
+    if args.json:
+        report.emit_json({"ok": True, "patches": [{"patch": n, "change": c} for n, c in changes]})
+    else:
+        for name, change in changes:
+            print(f"{change:9} {name}")
+    return errors.OK
+
+
+def cmd_build(args) -> int:
+    from overlay.build import build, default_target
+
+    lock, series, cache = _load(args)
+    target = args.target or default_target()
+    result = build(lock, series, cache, target, args.dist.resolve(), quiet=args.quiet)
+    if args.json:
+        report.emit_json({"ok": True, "wheel": str(result.wheel), "version": result.version,
+                          "provenance": result.provenance,
+                          "patches": [r.as_json() for r in result.series.results]})  # fmt: skip
+    else:
+        if not args.quiet:
+            report.console().print(report.series_table(result.series, strict=False))
+        print(f"built {result.wheel}")
+        print(f"install: pip install '{result.wheel}'")
+    return errors.OK
+
+
+def _run_tests(pytest_args: list[str]) -> int:
+    cmd = [sys.executable, "-m", "pytest", *pytest_args]
+    return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ)).returncode
+
+
+COMMANDS = {
+    "fetch": cmd_fetch,
+    "check": cmd_check,
+    "apply": cmd_apply,
+    "export": cmd_export,
+    "build": cmd_build,
+}

@@ -1,0 +1,94 @@
+"""The maintainer loop: a git branch of the patched tree to edit, exported back.
+
+``apply`` makes a checkout whose ``patched`` branch holds one commit per
+patch on top of the ``upstream`` tag; edit, commit, rebase there as usual.
+``export`` turns ``upstream..patched`` back into ``patches/`` and ``series``.
+Export runs git without user configuration and with --zero-commit,
+--full-index, --no-signature and --no-numbered, so exporting an unchanged
+branch rewrites no byte.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from overlay.errors import InputError, PatchError
+from overlay.gitcmd import git, git_env
+from overlay.patching import SeriesResult, run_series
+from overlay.series import Series, parse_series_text, write_series
+from overlay.tree import UPSTREAM_TAG
+
+BRANCH = "patched"
+SERIES_HEADER = (
+    "# Patch series, in apply order. Written by `apply.py export`; one file name per line.\n"
+)
+
+
+def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> SeriesResult:
+    """Check the series, then create ``tree_dir`` with one commit per patch.
+
+    Nothing is written when a patch fails; an existing tree is replaced only
+    with ``force`` (it may hold unexported work).
+    """
+    if tree_dir.exists() and not force:
+        raise InputError(
+            f"{tree_dir} already exists (it may hold unexported work): "
+            "export it, or pass --force to recreate it"
+        )
+    result = run_series(base, series, strict=False)
+    if not result.ok(strict=False):
+        raise PatchError("the series does not apply; no tree was written", result)
+    tree_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=tree_dir.parent, prefix=f".{tree_dir.name}-"))
+    try:
+        work = tmp / "tree"
+        git(tmp, "clone", "--quiet", "--no-checkout", str(base), str(work))
+        git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
+        env = git_env()
+        for patch in series.patches:
+            git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date",
+                str(patch.path), env=env)  # fmt: skip
+        if tree_dir.exists():
+            shutil.rmtree(tree_dir)
+        os.replace(work, tree_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
+    """Write ``upstream..HEAD`` of ``tree_dir`` as patches; return (name, change)."""
+    if not (tree_dir / ".git").exists():
+        raise InputError(f"{tree_dir} is not a patched tree: run `apply.py apply` first")
+    if git(tree_dir, "status", "--porcelain", "--untracked-files=no").stdout.strip():
+        raise InputError(f"{tree_dir} has uncommitted changes: commit them first")
+    if git(tree_dir, "rev-list", "--merges", f"{UPSTREAM_TAG}..HEAD").stdout.strip():
+        raise InputError("the branch has merge commits; a series must be linear")
+    patch_dir = series_path.parent / "patches"
+    old = parse_series_text(series_path.read_text(), str(series_path)) if series_path.exists() else []
+    with tempfile.TemporaryDirectory() as tmp:
+        git(tree_dir, "format-patch", "--quiet", "--zero-commit", "--full-index",
+            "--no-signature", "--no-numbered", "--no-renames", "--output-directory", tmp,
+            f"{UPSTREAM_TAG}..HEAD", env=git_env())  # fmt: skip
+        fresh = {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
+    names = sorted(fresh)
+    changes = []
+    patch_dir.mkdir(exist_ok=True)
+    for name in names:
+        dest = patch_dir / name
+        if dest.exists() and dest.read_bytes() == fresh[name]:
+            changes.append((name, "unchanged"))
+            continue
+        changes.append((name, "changed" if dest.exists() else "added"))
+        dest.write_bytes(fresh[name])
+    for name in old:
+        if name not in fresh:
+            (patch_dir / name).unlink(missing_ok=True)
+            changes.append((name, "removed"))
+    new_text = SERIES_HEADER + "".join(f"{n}\n" for n in names)
+    if not series_path.exists() or series_path.read_text() != new_text:
+        write_series(series_path, names, SERIES_HEADER)
+    return changes

@@ -1,0 +1,117 @@
+"""Apply the series to the upstream tree, patch by patch, and say how each went.
+
+Zero fuzz always: git apply never fuzzes. A hunk that applies at an offset is
+accepted by ``apply`` (with the offset reported) and refused by ``check``,
+which also refuses a patch that is already upstream (it reverse-applies).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlay.series import Hunk, Patch, Series
+from overlay.tree import Scratch, scratch
+
+APPLIED = "applied"
+OFFSET = "offset"
+CONFLICT = "conflict"
+ALREADY_UPSTREAM = "already-upstream"
+NOT_TRIED = "not-tried"
+
+_OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.$")
+_FAILED_AT = re.compile(r"^error: patch failed: (.+):(\d+)$")
+_NO_FILE = re.compile(r"^error: (.+): does not exist in index$")
+_EXISTS = re.compile(r"^error: (.+): already exists in index$")
+
+
+@dataclass
+class PatchResult:
+    patch: Patch
+    status: str
+    offsets: list[str] = field(default_factory=list)
+    file: str | None = None
+    hunk: Hunk | None = None
+    problem: str = ""
+
+    def ok(self, strict: bool) -> bool:
+        return self.status == APPLIED or (self.status == OFFSET and not strict)
+
+    def as_json(self) -> dict:
+        return {
+            "patch": self.patch.name,
+            "sha256": self.patch.sha256,
+            "subject": self.patch.subject,
+            "status": self.status,
+            "files": self.patch.files,
+            "hunks": len(self.patch.hunks()),
+            "offsets": self.offsets,
+            "failed_file": self.file,
+            "failed_hunk": str(self.hunk) if self.hunk else None,
+            "problem": self.problem,
+        }
+
+
+@dataclass
+class SeriesResult:
+    results: list[PatchResult]
+    tree: str | None  # git tree of the patched source, when every patch applied
+
+    def ok(self, strict: bool) -> bool:
+        return all(r.ok(strict) for r in self.results)
+
+
+def run_series(repo: Path, series: Series, *, strict: bool) -> SeriesResult:
+    """Apply ``series`` in a scratch index of ``repo``; stop at the first failure."""
+    results: list[PatchResult] = []
+    with scratch(repo) as index:
+        for patch in series.patches:
+            if results and not results[-1].ok(strict):
+                results.append(PatchResult(patch, NOT_TRIED))
+                continue
+            results.append(_apply_one(index, patch))
+        tree = index.write_tree() if all(r.ok(strict) for r in results) else None
+    return SeriesResult(results, tree)
+
+
+def _apply_one(index: Scratch, patch: Patch) -> PatchResult:
+    if index.apply(patch.path, check=True, reverse=True).returncode == 0:
+        return PatchResult(
+            patch, ALREADY_UPSTREAM, problem="reverse-applies cleanly: upstream already has it"
+        )
+    forward = index.apply(patch.path, check=True)
+    if forward.returncode != 0:
+        return _conflict(patch, forward.stderr)
+    index.apply(patch.path, check=False)
+    offsets = _offsets(patch, forward.stderr)
+    return PatchResult(patch, OFFSET if offsets else APPLIED, offsets)
+
+
+def _offsets(patch: Patch, log: str) -> list[str]:
+    """'file hunk #i: offset N lines' for each hunk git placed off its line."""
+    found, current = [], None
+    for line in log.splitlines():
+        if line.startswith("Checking patch "):
+            current = line.removeprefix("Checking patch ").rstrip(".")
+        elif m := _OFFSET.match(line):
+            found.append(f"{current} hunk #{m[1]}: offset {m[3]} lines (now at line {m[2]})")
+    return found
+
+
+def _conflict(patch: Patch, log: str) -> PatchResult:
+    result = PatchResult(patch, CONFLICT)
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    for line in errors:
+        if m := _FAILED_AT.match(line):
+            result.file, result.hunk = m[1], patch.hunk_at(m[1], int(m[2]))
+            result.problem = "context does not match (zero fuzz)"
+            return result
+        if m := _NO_FILE.match(line):
+            result.file, result.problem = m[1], "file is not in the upstream tree (gone or renamed?)"
+            return result
+        if m := _EXISTS.match(line):
+            result.file, result.problem = m[1], "file the patch creates already exists upstream"
+            return result
+    result.problem = errors[-1].removeprefix("error: ") if errors else log.strip()
+    return result

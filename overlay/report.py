@@ -1,0 +1,46 @@
+"""What the tool prints: a readable table on stderr/stdout, or JSON with --json."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from overlay.patching import SeriesResult
+
+STYLE = {
+    "applied": "green",
+    "offset": "yellow",
+    "conflict": "bold red",
+    "already-upstream": "bold red",
+    "not-tried": "dim",
+}
+
+
+def console() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+
+
+def series_table(result: SeriesResult, *, strict: bool) -> Table:
+    table = Table(title="patch series", title_justify="left")
+    for col in ("#", "patch", "status", "files", "hunks", "detail"):
+        table.add_column(col, overflow="fold")
+    for i, r in enumerate(result.results, 1):
+        detail = "; ".join(r.offsets)
+        if r.problem:
+            where = str(r.hunk) if r.hunk else (r.file or "")
+            detail = f"{where}: {r.problem}" if where else r.problem
+        if r.status == "offset" and strict:
+            detail = "offset drift refused by check: " + detail
+        style = STYLE.get(r.status, "")
+        table.add_row(
+            str(i), r.patch.name, f"[{style}]{r.status}[/]", str(len(r.patch.files)),
+            str(len(r.patch.hunks())), detail,
+        )  # fmt: skip
+    return table
+
+
+def emit_json(payload: dict) -> None:
+    print(json.dumps(payload, indent=2, sort_keys=True))

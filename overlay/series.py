@@ -1,0 +1,156 @@
+"""The patch series: ``series`` lists patch files in ``patches/`` in apply order.
+
+Format: one patch file name per line; blank lines and ``#`` comments are
+ignored. Anything else on a line (quilt options, paths, a second name) is an
+error that names the line, so a typo never silently drops a patch.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from overlay.errors import InputError
+
+PATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
+# Header trailers each patch must carry (checked by `check`).
+REQUIRED_TRAILERS = ("Upstream-Status", "Tests")
+
+
+@dataclass(frozen=True)
+class Hunk:
+    file: str
+    index: int  # 1-based within its file
+    source_start: int
+    header: str  # the "@@ -a,b +c,d @@ ..." line
+
+    def __str__(self) -> str:
+        return f"{self.file} hunk #{self.index} ({self.header})"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    path: Path
+    data: bytes
+
+    @cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @cached_property
+    def headers(self):
+        return email.parser.BytesHeaderParser().parsebytes(self.data)
+
+    @property
+    def subject(self) -> str:
+        subject = " ".join(str(self.headers.get("Subject", self.name)).split())
+        return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+
+    @cached_property
+    def diff(self) -> PatchSet:
+        try:
+            return PatchSet(self.data.decode("utf-8", "surrogateescape"))
+        except UnidiffParseError as e:
+            raise InputError(f"patch {self.name}: not a valid diff: {e}") from None
+
+    @property
+    def files(self) -> list[str]:
+        return [_strip_prefix(f.path) for f in self.diff]
+
+    def hunks(self) -> list[Hunk]:
+        out = []
+        for f in self.diff:
+            for i, h in enumerate(f, 1):
+                header = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
+                out.append(Hunk(_strip_prefix(f.path), i, h.source_start, header))
+        return out
+
+    def hunk_at(self, file: str, line: int) -> Hunk | None:
+        """The hunk git reported as failing at ``file:line`` (its old start)."""
+        for h in self.hunks():
+            if h.file == file and h.source_start == line:
+                return h
+        return None
+
+    def trailers(self) -> dict[str, str]:
+        found = {}
+        message = self.data.split(b"\n---\n", 1)[0].decode("utf-8", "replace")
+        for line in message.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key in REQUIRED_TRAILERS:
+                found[key] = value.strip()
+        return found
+
+
+def _strip_prefix(path: str) -> str:
+    return path[2:] if path[:2] in ("a/", "b/") else path
+
+
+@dataclass(frozen=True)
+class Series:
+    path: Path
+    patches: tuple[Patch, ...]
+
+    @property
+    def patch_dir(self) -> Path:
+        return self.path.parent / "patches"
+
+    @cached_property
+    def sha256(self) -> str:
+        """Identity of the series: the ordered patch names and contents.
+
+        Comments and blank lines in ``series`` do not change it.
+        """
+        h = hashlib.sha256()
+        for p in self.patches:
+            h.update(f"{p.name}\0{p.sha256}\n".encode())
+        return h.hexdigest()
+
+
+def parse_series_text(text: str, where: str) -> list[str]:
+    names: list[str] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if len(line.split()) != 1 or not PATCH_NAME.match(line):
+            raise InputError(
+                f"{where}:{lineno}: bad series line {raw.strip()!r}: a line holds one patch "
+                f"file name from patches/ (letters, digits, '._+-', ending in .patch)"
+            )
+        if line in names:
+            raise InputError(f"{where}:{lineno}: {line} is listed twice")
+        names.append(line)
+    return names
+
+
+def load(series_path: Path) -> Series:
+    try:
+        text = series_path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"series file not found: {series_path}") from None
+    patch_dir = series_path.parent / "patches"
+    patches = []
+    for name in parse_series_text(text, str(series_path)):
+        path = patch_dir / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"{series_path}: patch {name} is listed but {path} does not exist") from None
+        patch = Patch(name, path, data)
+        if not patch.diff:
+            raise InputError(f"patch {name}: contains no diff")
+        patches.append(patch)
+    return Series(series_path, tuple(patches))
+
+
+def write_series(series_path: Path, names: list[str], header: str) -> None:
+    series_path.write_text(header + "".join(f"{n}\n" for n in names))

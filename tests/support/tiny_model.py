@@ -1,0 +1,238 @@
+"""Build a tiny, deterministic, randomly initialised causal LM for offline tests.
+
+No model hub is reachable in CI, so tests build their own checkpoint: a byte-level
+BPE tokenizer trained on embedded text plus a Llama or Qwen3 model with seeded
+random weights, saved in the Hugging Face layout that vLLM loads.
+
+Usage: python tests/support/tiny_model.py OUT_DIR [--arch llama|qwen3] [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+# Bump when the recipe changes so cached checkpoints are rebuilt.
+RECIPE_VERSION = 1
+MARKER = ".tiny_model.json"
+BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
+
+# Minimal role-prefixed template; enough for chat-completion endpoints to render.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog near the quiet river bank.
+A small model can still produce text, even if the text makes little sense.
+Tests should be fast, cheap, and deterministic so that failures are easy to read.
+The server accepts a prompt and returns a completion with a list of tokens.
+Every request has an identifier, a status, and a time when it was created.
+She opened the window and watched the rain fall on the green hills.
+He wrote the numbers one, two, three, four, five, six, seven, eight, nine, ten.
+The engine schedules requests, allocates memory, and runs the forward pass.
+Cache blocks are reused when two prompts share the same prefix of tokens.
+In the morning the market was busy with people buying bread and fruit.
+The library kept old maps, letters, and books about ships and the sea.
+Water boils at one hundred degrees on a normal day at sea level.
+What is the capital of France? The capital of France is Paris.
+How are you today? I am fine, thank you, and how are you?
+Please summarize the following paragraph in one short sentence.
+The weather will be sunny in the afternoon with a light wind from the west.
+Music played softly in the background while the children read their stories.
+A function takes input values and returns an output value to the caller.
+Errors are reported with a clear message and a code that tools can parse.
+The train left the station at noon and arrived in the city before dark.
+Birds sang in the trees, and the cat slept in a warm patch of sun.
+Hello world! This is a simple test of the tiny language model.
+Count the words in this sentence and tell me how many there are.
+They planted tomatoes, beans, and carrots in the garden behind the house.
+The teacher asked the students to write a story about a friendly robot.
+Light travels faster than sound, which is why we see lightning first.
+An apple a day keeps the doctor away, or so the old saying goes.
+The meeting was moved from Monday to Thursday because of the holiday.
+Good questions often lead to better answers and a deeper understanding.
+Once upon a time there was a king who lived in a castle on a hill.
+"""
+
+
+def build_tokenizer(
+    out_dir: str | Path, vocab_size: int = 512, model_max_length: int = 2048
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on CORPUS and save it to out_dir."""
+    # Heavy imports are local so the cached (marker hit) path stays fast.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    # Byte-level pre-tokenisation means any string encodes without <unk>.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS, UNK, PAD],  # ids 0..3, in this order
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
+    # Prepend <s> like Llama so add_special_tokens=True yields a BOS token.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        pad_token=PAD,
+        model_max_length=model_max_length,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    # transformers 5 writes tokenizer_class "TokenizersBackend", which older
+    # transformers cannot resolve; the classic name loads in both. Embedding the
+    # template too lets loaders that ignore chat_template.jinja find it.
+    cfg_path = Path(out_dir) / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE)
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return fast
+
+
+def _make_config(arch: str, vocab_size: int, tok: PreTrainedTokenizerFast, **kw: Any) -> Any:
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=kw["hidden_size"],
+        num_hidden_layers=kw["layers"],
+        num_attention_heads=kw["heads"],
+        num_key_value_heads=kw["kv_heads"],
+        head_dim=kw["hidden_size"] // kw["heads"],  # Qwen3 defaults to 128 otherwise
+        intermediate_size=kw["intermediate"],
+        max_position_embeddings=kw["max_position_embeddings"],
+        initializer_range=kw["init_std"],
+        # Untied: with tied embeddings the residual copy of the input token
+        # dominates the logits and greedy decoding repeats the last token.
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen3":
+        return Qwen3Config(**common)
+    raise ValueError(f"unsupported arch {arch!r}; expected 'llama' or 'qwen3'")
+
+
+def build_model(
+    out_dir: str | Path,
+    arch: str = "llama",
+    hidden_size: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 256,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+    dtype: str = "float32",
+    init_std: float = 0.5,
+) -> Path:
+    """Build (or reuse) the tiny checkpoint in out_dir and return its path."""
+    params = {k: v for k, v in locals().items() if k != "out_dir"}
+    params["recipe"] = RECIPE_VERSION
+    out = Path(out_dir).resolve()
+    marker = out / MARKER
+    if marker.is_file() and json.loads(marker.read_text()) == params:
+        return out  # already built with identical parameters
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tok = build_tokenizer(tmp, model_max_length=max_position_embeddings)
+        cfg = _make_config(
+            arch, len(tok), tok, hidden_size=hidden_size, layers=layers, heads=heads,
+            kv_heads=kv_heads, intermediate=intermediate,
+            max_position_embeddings=max_position_embeddings, init_std=init_std,
+        )
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        # Explicit seeded init (independent of transformers' _init_weights, which
+        # changes between releases). A large std spreads the logits so greedy
+        # output is varied and argmax margins dwarf kernel rounding differences.
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for _, p in sorted(model.named_parameters()):
+                if p.ndim == 1:
+                    p.fill_(1.0)  # RMSNorm weights (Llama/Qwen3 have no biases)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+            # Zero the output rows of specials (except EOS) and of non-printable
+            # byte tokens: their logit is ~0 while others spread widely, so greedy
+            # text is readable ASCII without stray <s> or U+FFFD.
+            head = model.get_output_embeddings().weight
+            for i in range(len(tok)):
+                text = tok.decode([i])
+                if i != tok.eos_token_id and (
+                    i in tok.all_special_ids or not (text.isascii() and text.isprintable())
+                ):
+                    head[i].zero_()
+        model = model.to(getattr(torch, dtype))
+        model.generation_config.do_sample = False
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        (tmp / MARKER).write_text(json.dumps(params, indent=2, sort_keys=True))
+        tmp.chmod(0o755)  # mkdtemp creates 0700; readers may run as another user
+        _swap_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Replace out with tmp via renames so readers never see a half-written dir."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.rename(out, old / "d")
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        # A concurrent builder won the race; its result is equally valid.
+        if not (out / MARKER).is_file():
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--arch", choices=["llama", "qwen3"], default="llama")
+    ap.add_argument("--hidden-size", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=256)
+    ap.add_argument("--max-position-embeddings", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--init-std", type=float, default=0.5)
+    args = vars(ap.parse_args(argv))
+    print(build_model(args.pop("out_dir"), **args))
+
+
+if __name__ == "__main__":
+    main()
