@@ -20,7 +20,9 @@ STYLE = {
 
 
 def console() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    # Logs and pipes get full-width rows, so patch names are never folded.
+    width = None if sys.stdout.isatty() else 200
+    return Console(file=sys.stdout, highlight=False, width=width)
 
 
 def series_table(result: SeriesResult, *, strict: bool) -> Table:

@@ -10,6 +10,7 @@ Usage: python tests/support/tiny_model.py OUT_DIR [--arch llama|qwen3] [...]
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 # Bump when the recipe changes so cached checkpoints are rebuilt.
 RECIPE_VERSION = 1
@@ -38,28 +39,22 @@ A small model can still produce text, even if the text makes little sense.
 Tests should be fast, cheap, and deterministic so that failures are easy to read.
 The server accepts a prompt and returns a completion with a list of tokens.
 Every request has an identifier, a status, and a time when it was created.
-She opened the window and watched the rain fall on the green hills.
 He wrote the numbers one, two, three, four, five, six, seven, eight, nine, ten.
 The engine schedules requests, allocates memory, and runs the forward pass.
 Cache blocks are reused when two prompts share the same prefix of tokens.
-In the morning the market was busy with people buying bread and fruit.
 The library kept old maps, letters, and books about ships and the sea.
 Water boils at one hundred degrees on a normal day at sea level.
 What is the capital of France? The capital of France is Paris.
 How are you today? I am fine, thank you, and how are you?
 Please summarize the following paragraph in one short sentence.
-The weather will be sunny in the afternoon with a light wind from the west.
 Music played softly in the background while the children read their stories.
 A function takes input values and returns an output value to the caller.
 Errors are reported with a clear message and a code that tools can parse.
 The train left the station at noon and arrived in the city before dark.
-Birds sang in the trees, and the cat slept in a warm patch of sun.
 Hello world! This is a simple test of the tiny language model.
 Count the words in this sentence and tell me how many there are.
-They planted tomatoes, beans, and carrots in the garden behind the house.
 The teacher asked the students to write a story about a friendly robot.
 Light travels faster than sound, which is why we see lightning first.
-An apple a day keeps the doctor away, or so the old saying goes.
 The meeting was moved from Monday to Thursday because of the holiday.
 Good questions often lead to better answers and a deeper understanding.
 Once upon a time there was a king who lived in a castle on a hill.
@@ -71,16 +66,18 @@ def build_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on CORPUS and save it to out_dir."""
     # Heavy imports are local so the cached (marker hit) path stays fast.
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, processors, trainers
+    from tokenizers import pre_tokenizers as pre
     from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     # Byte-level pre-tokenisation means any string encodes without <unk>.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[BOS, EOS, UNK, PAD],  # ids 0..3, in this order
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=pre.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
@@ -108,31 +105,32 @@ def build_tokenizer(
     return fast
 
 
-def _make_config(arch: str, vocab_size: int, tok: PreTrainedTokenizerFast, **kw: Any) -> Any:
+def _make_config(tok: PreTrainedTokenizerFast, p: dict[str, Any]) -> PretrainedConfig:
     from transformers import LlamaConfig, Qwen3Config
 
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=kw["hidden_size"],
-        num_hidden_layers=kw["layers"],
-        num_attention_heads=kw["heads"],
-        num_key_value_heads=kw["kv_heads"],
-        head_dim=kw["hidden_size"] // kw["heads"],  # Qwen3 defaults to 128 otherwise
-        intermediate_size=kw["intermediate"],
-        max_position_embeddings=kw["max_position_embeddings"],
-        initializer_range=kw["init_std"],
+    classes = {"llama": LlamaConfig, "qwen3": Qwen3Config}
+    if p["arch"] not in classes:
+        raise ValueError(
+            f"unsupported arch {p['arch']!r}; expected one of {[*classes]}"
+        )
+    return classes[p["arch"]](
+        vocab_size=len(tok),
+        hidden_size=p["hidden_size"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        head_dim=p["hidden_size"] // p["heads"],  # Qwen3 would default to 128
+        intermediate_size=p["intermediate"],
+        max_position_embeddings=p["max_position_embeddings"],
+        initializer_range=p["init_std"],
         # Untied: with tied embeddings the residual copy of the input token
         # dominates the logits and greedy decoding repeats the last token.
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        dtype=p["dtype"],
     )
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "qwen3":
-        return Qwen3Config(**common)
-    raise ValueError(f"unsupported arch {arch!r}; expected 'llama' or 'qwen3'")
 
 
 def build_model(
@@ -149,6 +147,7 @@ def build_model(
     init_std: float = 0.5,
 ) -> Path:
     """Build (or reuse) the tiny checkpoint in out_dir and return its path."""
+    # All arguments except out_dir, captured before any other local exists.
     params = {k: v for k, v in locals().items() if k != "out_dir"}
     params["recipe"] = RECIPE_VERSION
     out = Path(out_dir).resolve()
@@ -163,31 +162,26 @@ def build_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tok = build_tokenizer(tmp, model_max_length=max_position_embeddings)
-        cfg = _make_config(
-            arch, len(tok), tok, hidden_size=hidden_size, layers=layers, heads=heads,
-            kv_heads=kv_heads, intermediate=intermediate,
-            max_position_embeddings=max_position_embeddings, init_std=init_std,
-        )
+        cfg = _make_config(tok, params)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         # Explicit seeded init (independent of transformers' _init_weights, which
         # changes between releases). A large std spreads the logits so greedy
         # output is varied and argmax margins dwarf kernel rounding differences.
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
-            for _, p in sorted(model.named_parameters()):
-                if p.ndim == 1:
-                    p.fill_(1.0)  # RMSNorm weights (Llama/Qwen3 have no biases)
+            for _, w in sorted(model.named_parameters()):
+                if w.ndim == 1:
+                    w.fill_(1.0)  # RMSNorm weights (Llama/Qwen3 have no biases)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+                    w.copy_(torch.randn(w.shape, generator=gen) * init_std)
             # Zero the output rows of specials (except EOS) and of non-printable
             # byte tokens: their logit is ~0 while others spread widely, so greedy
             # text is readable ASCII without stray <s> or U+FFFD.
             head = model.get_output_embeddings().weight
             for i in range(len(tok)):
                 text = tok.decode([i])
-                if i != tok.eos_token_id and (
-                    i in tok.all_special_ids or not (text.isascii() and text.isprintable())
-                ):
+                special = i in tok.all_special_ids and i != tok.eos_token_id
+                if special or not (text.isascii() and text.isprintable()):
                     head[i].zero_()
         model = model.to(getattr(torch, dtype))
         model.generation_config.do_sample = False
@@ -220,16 +214,10 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--arch", choices=["llama", "qwen3"], default="llama")
-    ap.add_argument("--hidden-size", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=256)
-    ap.add_argument("--max-position-embeddings", type=int, default=2048)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--init-std", type=float, default=0.5)
+    # Mirror build_model's keyword arguments (--hidden-size, --arch, ...).
+    for name, prm in list(inspect.signature(build_model).parameters.items())[1:]:
+        flag = "--" + name.replace("_", "-")
+        ap.add_argument(flag, type=type(prm.default), default=prm.default)
     args = vars(ap.parse_args(argv))
     print(build_model(args.pop("out_dir"), **args))
 
