@@ -30,9 +30,7 @@ class BuildResult:
     provenance: dict
 
 
-def build(
-    lock: Lock, series: Series, cache: Cache, target: str, dist_dir: Path, *, quiet: bool
-) -> BuildResult:
+def build(lock: Lock, series: Series, cache: Cache, target: str, dist_dir: Path, *, quiet: bool) -> BuildResult:
     repo = base_repo(lock, cache, quiet=quiet)
     result = run_series(repo, series, strict=False)
     if not result.ok(strict=False):

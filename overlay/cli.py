@@ -14,9 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from overlay import ROOT
+from overlay import ROOT, errors, report
 from overlay import __version__ as OVERLAY_VERSION
-from overlay import errors, lock as lockmod, report, series as seriesmod
+from overlay import lock as lockmod
+from overlay import series as seriesmod
 from overlay.errors import OverlayError
 
 DESCRIPTION = """\
@@ -44,12 +45,18 @@ exit codes: 0 ok, 1 patch failed, 2 bad input, 3 fetch/checksum failed,
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--series", type=Path, default=ROOT / "series",
-                        help="series file; patches are read from patches/ beside it (default: %(default)s)")
-    common.add_argument("--lock", type=Path, default=None,
-                        help="lock file (default: upstream.lock beside the series)")
-    common.add_argument("--cache-dir", default=None,
-                        help="download and base-tree cache (default: $VLLM_OVERLAY_CACHE or ~/.cache/vllm-overlay)")
+    common.add_argument(
+        "--series",
+        type=Path,
+        default=ROOT / "series",
+        help="series file; patches are read from patches/ beside it (default: %(default)s)",
+    )
+    common.add_argument("--lock", type=Path, default=None, help="lock file (default: upstream.lock beside the series)")
+    common.add_argument(
+        "--cache-dir",
+        default=None,
+        help="download and base-tree cache (default: $VLLM_OVERLAY_CACHE or ~/.cache/vllm-overlay)",
+    )
     common.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
@@ -58,30 +65,58 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"vllm-overlay {OVERLAY_VERSION}")
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
-    b = sub.add_parser("build", parents=[common], help="build the patched wheel into dist/",
-                       description="Fetch what is missing, apply the series and write the wheel.")
-    b.add_argument("--target", choices=lockmod.TARGETS, default=None,
-                   help="which binary wheel to extend (default: cuda where a GPU is present, else cpu)")
+    b = sub.add_parser(
+        "build",
+        parents=[common],
+        help="build the patched wheel into dist/",
+        description="Fetch what is missing, apply the series and write the wheel.",
+    )
+    b.add_argument(
+        "--target",
+        choices=lockmod.TARGETS,
+        default=None,
+        help="which binary wheel to extend (default: cuda where a GPU is present, else cpu)",
+    )
     b.add_argument("--dist", type=Path, default=ROOT / "dist", help="output folder (default: %(default)s)")
 
-    f = sub.add_parser("fetch", parents=[common], help="download and verify pinned artifacts",
-                       description="Download the pinned source and wheels into the cache, verifying sha256.")
-    f.add_argument("--target", choices=(*lockmod.TARGETS, "all"), default=None,
-                   help="which binary wheel(s) to fetch besides the source (default: this machine's)")
+    f = sub.add_parser(
+        "fetch",
+        parents=[common],
+        help="download and verify pinned artifacts",
+        description="Download the pinned source and wheels into the cache, verifying sha256.",
+    )
+    f.add_argument(
+        "--target",
+        choices=(*lockmod.TARGETS, "all"),
+        default=None,
+        help="which binary wheel(s) to fetch besides the source (default: this machine's)",
+    )
 
-    sub.add_parser("check", parents=[common], help="dry-run the series strictly on a scratch tree",
-                   description="Apply the series to a scratch copy of the pin. Fails on any conflict, "
-                               "offset drift, patch already upstream, or missing header trailer.")
+    sub.add_parser(
+        "check",
+        parents=[common],
+        help="dry-run the series strictly on a scratch tree",
+        description="Apply the series to a scratch copy of the pin. Fails on any conflict, "
+        "offset drift, patch already upstream, or missing header trailer.",
+    )
 
-    a = sub.add_parser("apply", parents=[common], help="create the maintainer tree",
-                       description="Create a git checkout of the pin with one commit per patch on "
-                                   "branch 'patched' (tag 'upstream' marks the base).")
+    a = sub.add_parser(
+        "apply",
+        parents=[common],
+        help="create the maintainer tree",
+        description="Create a git checkout of the pin with one commit per patch on "
+        "branch 'patched' (tag 'upstream' marks the base).",
+    )
     a.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="where (default: %(default)s)")
     a.add_argument("--force", action="store_true", help="replace an existing tree (loses unexported work)")
 
-    e = sub.add_parser("export", parents=[common], help="write patches/ and series from the tree",
-                       description="Export upstream..HEAD of the maintainer tree as patches; "
-                                   "deterministic, so an unchanged branch rewrites no byte.")
+    e = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write patches/ and series from the tree",
+        description="Export upstream..HEAD of the maintainer tree as patches; "
+        "deterministic, so an unchanged branch rewrites no byte.",
+    )
     e.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="which tree (default: %(default)s)")
 
     sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)

@@ -84,8 +84,7 @@ def _index_url() -> str | None:
 def _download_from_index(art: Artifact, tmp: Path, *, quiet: bool) -> Path:
     """Download a file by name from the simple index (pip cannot fetch an sdist
     without building its metadata, which needs vLLM's build toolchain)."""
-    from pypi_simple import DigestMismatchError, NoSuchProjectError, PyPISimple
-    from pypi_simple import tqdm_progress_factory
+    from pypi_simple import DigestMismatchError, NoSuchProjectError, PyPISimple, tqdm_progress_factory
 
     endpoint = _index_url()
     kwargs = {"endpoint": endpoint} if endpoint else {}
@@ -95,9 +94,7 @@ def _download_from_index(art: Artifact, tmp: Path, *, quiet: bool) -> Path:
             page = client.get_project_page(art.distribution)
             matches = [p for p in page.packages if p.filename == art.filename]
             if not matches:
-                raise FetchError(
-                    f"{art.filename} is not in the index's file list for {art.distribution!r}"
-                )
+                raise FetchError(f"{art.filename} is not in the index's file list for {art.distribution!r}")
             progress = None if quiet else tqdm_progress_factory(desc=art.filename, file=sys.stderr)
             client.download_package(matches[0], dest, verify=True, progress=progress)
     except NoSuchProjectError:

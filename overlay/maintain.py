@@ -22,9 +22,7 @@ from overlay.series import Series, parse_series_text, write_series
 from overlay.tree import UPSTREAM_TAG
 
 BRANCH = "patched"
-SERIES_HEADER = (
-    "# Patch series, in apply order. Written by `apply.py export`; one file name per line.\n"
-)
+SERIES_HEADER = "# Patch series, in apply order. Written by `apply.py export`; one file name per line.\n"
 
 
 def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> SeriesResult:
@@ -35,8 +33,7 @@ def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> Ser
     """
     if tree_dir.exists() and not force:
         raise InputError(
-            f"{tree_dir} already exists (it may hold unexported work): "
-            "export it, or pass --force to recreate it"
+            f"{tree_dir} already exists (it may hold unexported work): export it, or pass --force to recreate it"
         )
     result = run_series(base, series, strict=False)
     if not result.ok(strict=False):

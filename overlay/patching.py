@@ -77,9 +77,7 @@ def run_series(repo: Path, series: Series, *, strict: bool) -> SeriesResult:
 
 def _apply_one(index: Scratch, patch: Patch) -> PatchResult:
     if index.apply(patch.path, check=True, reverse=True).returncode == 0:
-        return PatchResult(
-            patch, ALREADY_UPSTREAM, problem="reverse-applies cleanly: upstream already has it"
-        )
+        return PatchResult(patch, ALREADY_UPSTREAM, problem="reverse-applies cleanly: upstream already has it")
     forward = index.apply(patch.path, check=True)
     if forward.returncode != 0:
         return _conflict(patch, forward.stderr)

@@ -37,9 +37,7 @@ ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 # Files a precompiled wheel cannot take from a patch: native sources and
 # build inputs are compiled into the binaries, and these Python files differ
 # per build (CPU vs CUDA), so each wheel must keep its own copy.
-BUILD_SPECIFIC = frozenset(
-    {"vllm/platforms/__init__.py", "vllm/utils/cpu_triton_utils.py", "vllm/_version.py"}
-)
+BUILD_SPECIFIC = frozenset({"vllm/platforms/__init__.py", "vllm/utils/cpu_triton_utils.py", "vllm/_version.py"})
 NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".cmake", ".so")
 BUILD_FILES = frozenset({"CMakeLists.txt", "setup.py", "setup.cfg", "pyproject.toml", "MANIFEST.in"})
 BUILD_DIRS = ("csrc/", "cmake/", "requirements/", "rust/")
@@ -147,7 +145,7 @@ def _copy_unchanged(src, raw, out: zipfile.ZipFile, by_path, old_info, record) -
     infos = sorted(src.infolist(), key=lambda i: i.header_offset)
     ends = [i.header_offset for i in infos[1:]] + [src.start_dir]
     rows = []
-    for info, end in zip(infos, ends):
+    for info, end in zip(infos, ends, strict=False):
         if info.filename in by_path or info.filename.startswith(old_info):
             continue
         new = copy.copy(info)
@@ -186,7 +184,7 @@ def _write_dist_info(src, out, old_info, new_info, version, provenance) -> list[
         data = src.read(name)
         if name == old_info + "METADATA":
             data = re.sub(rb"(?m)^Version: .*$", f"Version: {version}".encode(), data, count=1)
-        rows.append(_write(out, new_info + name[len(old_info):], data, info.external_attr >> 16))
+        rows.append(_write(out, new_info + name[len(old_info) :], data, info.external_attr >> 16))
     body = json.dumps(provenance, indent=2, sort_keys=True).encode() + b"\n"
     rows.append(_write(out, new_info + PROVENANCE, body, 0o100644))
     return rows

@@ -22,7 +22,6 @@ from overlay import lock as lockmod  # noqa: E402
 from overlay.fetch import Cache, fetch_artifact  # noqa: E402
 
 
-
 @pytest.fixture(scope="session")
 def lock():
     return lockmod.load(ROOT / "upstream.lock")
@@ -59,5 +58,3 @@ def tiny_llama(upstream_python) -> Path:
     out = BUILD / "models" / "tiny-llama"
     subprocess.run([upstream_python, str(SUPPORT / "tiny_model.py"), str(out), "--arch", "llama"], check=True)
     return out
-
-

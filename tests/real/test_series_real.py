@@ -35,3 +35,50 @@ def test_patched_python_passes_vllm_ruff(tmp_path):
     assert check.returncode == 0, check.stdout
     fmt = subprocess.run([*ruff, "format", "--check", *py], cwd=tree, capture_output=True, text=True)
     assert fmt.returncode == 0, fmt.stdout
+
+
+def test_commit_pin_from_local_git_repo_of_the_sdist(tmp_path, lock):
+    """A commit pin (git URL + commit) instead of the sdist: the upstream git
+    host is unreachable here, so the repository is made from the real sdist."""
+    import dataclasses
+    import tarfile
+    import zipfile
+
+    from overlay.fetch import Cache, fetch_artifact
+    from overlay.lock import GitSource, dump
+
+    sdist = fetch_artifact(lock.source, Cache.locate(None), quiet=True)
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    repo = tmp_path / "x" / "vllm-0.32.0"
+    git = ["git", "-c", "user.name=u", "-c", "user.email=u@u"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "-A", "-f"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "v0.32.0"], cwd=repo, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "series").write_bytes((ROOT / "series").read_bytes())
+    (project / "patches").symlink_to(ROOT / "patches")
+    pinned = dataclasses.replace(lock, source=GitSource(str(repo), commit))
+    dump(pinned, project / "upstream.lock")
+    args = ["--series", str(project / "series"), "--cache-dir", str(tmp_path / "cache"), "--json", "-q"]
+    # the binary wheel comes from the shared cache, not the network
+    (tmp_path / "cache" / "downloads").mkdir(parents=True)
+    wheel = fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
+    (tmp_path / "cache" / "downloads" / wheel.name).symlink_to(wheel)
+
+    check = subprocess.run([sys.executable, str(ROOT / "apply.py"), "check", *args], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert all(p["status"] == "applied" for p in json.loads(check.stdout)["patches"])
+    build = subprocess.run(
+        [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", "--dist", str(tmp_path / "dist"), *args],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    out = json.loads(build.stdout)
+    assert out["provenance"]["upstream"]["source"] == {"kind": "git", "url": str(repo), "commit": commit}
+    with zipfile.ZipFile(out["wheel"]) as z:
+        assert b"def version_line" in z.read("vllm/overlay.py")

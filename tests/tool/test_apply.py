@@ -1,7 +1,7 @@
 """apply / check on a synthetic upstream: per-patch report, zero fuzz, drift, already-upstream."""
 
 from support.cli import run_json, run_tool
-from support.synthetic import ENGINE, make_patch
+from support.synthetic import ENGINE, file_patch
 
 from overlay import errors
 
@@ -9,8 +9,8 @@ EDITED = ENGINE.replace("return x + 20\n", "return x + 2000\n")
 
 
 def test_clean_series_applies_and_reports_each_patch(upstream):
-    upstream.add_patch("0001-engine.patch", make_patch({"vllm/engine.py": ENGINE}, {"vllm/engine.py": EDITED}, "engine: edit"))
-    upstream.add_patch("0002-new.patch", make_patch({"vllm/new.py": None}, {"vllm/new.py": "X = 1\n"}, "new module"))
+    upstream.add_patch("0001-engine.patch", file_patch("vllm/engine.py", ENGINE, EDITED, "engine: edit"))
+    upstream.add_patch("0002-new.patch", file_patch("vllm/new.py", None, "X = 1\n", "new module"))
     code, out = run_json("check", *upstream.args())
     assert code == errors.OK and out["ok"]
     assert [(p["patch"], p["status"], p["hunks"]) for p in out["patches"]] == [
@@ -25,9 +25,9 @@ def test_fuzz_is_refused_naming_patch_file_and_hunk(upstream):
     # Upstream changed a context line of the hunk: GNU patch would apply it
     # with fuzz; we must not.
     drifted = ENGINE.replace("def step_21(x):\n", "def step_21(x):  # patch expects this\n")
-    text = make_patch({"vllm/engine.py": drifted}, {"vllm/engine.py": drifted.replace("x + 20\n", "x + 2000\n")}, "engine: edit")
+    text = file_patch("vllm/engine.py", drifted, drifted.replace("x + 20\n", "x + 2000\n"), "engine: edit")
     upstream.add_patch("0001-engine.patch", text)
-    upstream.add_patch("0002-later.patch", make_patch({"vllm/later.py": None}, {"vllm/later.py": "Y = 2\n"}, "later"))
+    upstream.add_patch("0002-later.patch", file_patch("vllm/later.py", None, "Y = 2\n", "later"))
     code, out = run_json("check", *upstream.args())
     assert code == errors.PATCH_FAILED and not out["ok"]
     first, second = out["patches"]
@@ -46,7 +46,7 @@ def test_fuzz_is_refused_naming_patch_file_and_hunk(upstream):
 def test_offset_drift_applies_but_check_fails(upstream):
     # The patch was made against a file with 3 more lines at the top.
     shifted = "# one\n# two\n# three\n" + ENGINE
-    text = make_patch({"vllm/engine.py": shifted}, {"vllm/engine.py": shifted.replace("x + 20\n", "x + 2000\n")}, "engine: edit")
+    text = file_patch("vllm/engine.py", shifted, shifted.replace("x + 20\n", "x + 2000\n"), "engine: edit")
     upstream.add_patch("0001-engine.patch", text)
     code, out = run_json("check", *upstream.args())
     assert code == errors.PATCH_FAILED
@@ -61,7 +61,7 @@ def test_offset_drift_applies_but_check_fails(upstream):
 def test_patch_already_upstream_is_flagged(upstream):
     # The patch turns the edited file into upstream's: upstream already has
     # what it makes, so it reverse-applies.
-    text = make_patch({"vllm/engine.py": EDITED}, {"vllm/engine.py": ENGINE}, "engine: x")
+    text = file_patch("vllm/engine.py", EDITED, ENGINE, "engine: x")
     upstream.add_patch("0001-engine.patch", text)
     code, out = run_json("check", *upstream.args())
     assert code == errors.PATCH_FAILED
@@ -69,7 +69,7 @@ def test_patch_already_upstream_is_flagged(upstream):
 
 
 def test_new_file_already_upstream_is_flagged(upstream):
-    text = make_patch({"README.md": None}, {"README.md": "fake upstream\n"}, "add readme")
+    text = file_patch("README.md", None, "fake upstream\n", "add readme")
     upstream.add_patch("0001-readme.patch", text)
     code, out = run_json("check", *upstream.args())
     assert code == errors.PATCH_FAILED
@@ -77,7 +77,7 @@ def test_new_file_already_upstream_is_flagged(upstream):
 
 
 def test_missing_target_file_is_named(upstream):
-    text = make_patch({"vllm/gone.py": "A = 1\n"}, {"vllm/gone.py": "A = 2\n"}, "edit gone file")
+    text = file_patch("vllm/gone.py", "A = 1\n", "A = 2\n", "edit gone file")
     upstream.add_patch("0001-gone.patch", text)
     code, out = run_json("check", *upstream.args())
     assert code == errors.PATCH_FAILED
@@ -88,12 +88,13 @@ def test_missing_target_file_is_named(upstream):
 def test_apply_makes_one_commit_per_patch_and_keeps_existing_tree(upstream):
     import subprocess
 
-    upstream.add_patch("0001-engine.patch", make_patch({"vllm/engine.py": ENGINE}, {"vllm/engine.py": EDITED}, "engine: edit"))
-    upstream.add_patch("0002-new.patch", make_patch({"vllm/new.py": None}, {"vllm/new.py": "X = 1\n"}, "new module"))
+    upstream.add_patch("0001-engine.patch", file_patch("vllm/engine.py", ENGINE, EDITED, "engine: edit"))
+    upstream.add_patch("0002-new.patch", file_patch("vllm/new.py", None, "X = 1\n", "new module"))
     tree = upstream.root / "tree"
     assert run_tool("apply", *upstream.args(), "--tree", str(tree)).returncode == 0
-    log = subprocess.run(["git", "log", "--format=%s", "upstream..patched"], cwd=tree,
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "upstream..patched"], cwd=tree, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert log[:2] == ["new module", "engine: edit"]
     proc = run_tool("apply", *upstream.args(), "--tree", str(tree))
     assert proc.returncode == errors.BAD_INPUT and "already exists" in proc.stderr

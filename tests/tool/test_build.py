@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 from support.cli import run_json, run_tool
-from support.synthetic import ENGINE, SOURCE, make_patch
+from support.synthetic import ENGINE, SOURCE, file_patch
 
 from overlay import errors
 
@@ -18,9 +18,12 @@ EDITED = ENGINE.replace("return x + 20\n", "return x + 2000\n")
 
 
 def _series(upstream):
-    upstream.add_patch("0001-engine.patch", make_patch({"vllm/engine.py": ENGINE}, {"vllm/engine.py": EDITED}, "engine: edit"))
-    upstream.add_patch("0002-new.patch", make_patch({"vllm/new.py": None}, {"vllm/new.py": "X = 1\n"}, "new module"))
-    upstream.add_patch("0003-tests.patch", make_patch({"tests/test_new.py": None}, {"tests/test_new.py": "def test(): pass\n"}, "tests"))
+    upstream.add_patch("0001-engine.patch", file_patch("vllm/engine.py", ENGINE, EDITED, "engine: edit"))
+    upstream.add_patch("0002-new.patch", file_patch("vllm/new.py", None, "X = 1\n", "new module"))
+    upstream.add_patch(
+        "0003-tests.patch",
+        file_patch("tests/test_new.py", None, "def test(): pass\n", "tests"),
+    )
 
 
 def _build(upstream, tmp_path, *extra):
@@ -64,8 +67,13 @@ def test_wheel_installs_with_pip(upstream, tmp_path):
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = str(env_dir / "bin" / "python")
     subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", out["wheel"]], check=True)
-    got = subprocess.run([py, "-c", "import vllm.engine, vllm.new; print(vllm.engine.step_20(0), vllm.new.X)"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path)
+    got = subprocess.run(
+        [py, "-c", "import vllm.engine, vllm.new; print(vllm.engine.step_20(0), vllm.new.X)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     assert got.stdout.split() == ["2000", "1"]
     check = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
@@ -80,7 +88,7 @@ def test_build_is_reproducible(upstream, tmp_path):
 
 @pytest.mark.parametrize("path", ["csrc/kernel.cpp", "setup.py", "vllm/platforms/__init__.py", "vllm/_version.py"])
 def test_build_refuses_native_and_build_specific_files(upstream, tmp_path, path):
-    upstream.add_patch("0001-x.patch", make_patch({path: SOURCE[path]}, {path: SOURCE[path] + "// x\n"}, "touch"))
+    upstream.add_patch("0001-x.patch", file_patch(path, SOURCE[path], SOURCE[path] + "// x\n", "touch"))
     proc = run_tool("build", *upstream.args(), "--target", "cpu", "--dist", str(tmp_path / "dist"))
     assert proc.returncode == errors.BUILD_REFUSED, proc.stderr
     assert path in proc.stderr
@@ -88,7 +96,7 @@ def test_build_refuses_native_and_build_specific_files(upstream, tmp_path, path)
 
 
 def test_failed_patch_builds_nothing(upstream, tmp_path):
-    upstream.add_patch("0001-gone.patch", make_patch({"vllm/gone.py": "A = 1\n"}, {"vllm/gone.py": "A = 2\n"}, "gone"))
+    upstream.add_patch("0001-gone.patch", file_patch("vllm/gone.py", "A = 1\n", "A = 2\n", "gone"))
     proc = run_tool("build", *upstream.args(), "--target", "cpu", "--dist", str(tmp_path / "dist"))
     assert proc.returncode == errors.PATCH_FAILED
     assert "0001-gone.patch" in proc.stdout
@@ -110,8 +118,14 @@ def test_interrupted_build_leaves_nothing(upstream, tmp_path, monkeypatch):
     monkeypatch.setattr(wheel, "_write", write_then_die)
     dist = tmp_path / "dist"
     with pytest.raises(KeyboardInterrupt):
-        build.build(lock.load(upstream.root / "upstream.lock"), series.load(upstream.series),
-                    fetch.Cache(upstream.cache), "cpu", dist, quiet=True)
+        build.build(
+            lock.load(upstream.root / "upstream.lock"),
+            series.load(upstream.series),
+            fetch.Cache(upstream.cache),
+            "cpu",
+            dist,
+            quiet=True,
+        )
     assert list(dist.iterdir()) == []
 
 
@@ -124,7 +138,11 @@ def test_unknown_target_is_clear(upstream, tmp_path):
 
 
 def test_help_explains_commands():
-    proc = subprocess.run([sys.executable, "apply.py", "--help"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "apply.py", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     for word in ("build", "fetch", "check", "apply", "export", "test", "exit codes"):
         assert word in proc.stdout

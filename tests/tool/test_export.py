@@ -3,14 +3,19 @@
 import subprocess
 
 from support.cli import run_json, run_tool
-from support.synthetic import ENGINE, make_patch
+from support.synthetic import ENGINE, file_patch
 
 from overlay import errors
 
 
 def _git(tree, *args):
-    return subprocess.run(["git", "-c", "user.name=m", "-c", "user.email=m@m", *args], cwd=tree,
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=m", "-c", "user.email=m@m", *args],
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def _snapshot(root):
@@ -20,7 +25,10 @@ def _snapshot(root):
 
 
 def _apply_export_roundtrip(upstream):
-    upstream.add_patch("0001-engine.patch", make_patch({"vllm/engine.py": ENGINE}, {"vllm/engine.py": ENGINE.replace("x + 20\n", "x + 2000\n")}, "engine: edit"))
+    upstream.add_patch(
+        "0001-engine.patch",
+        file_patch("vllm/engine.py", ENGINE, ENGINE.replace("x + 20\n", "x + 2000\n"), "engine: edit"),
+    )
     tree = upstream.root / "tree"
     assert run_tool("apply", *upstream.args(), "--tree", str(tree)).returncode == 0
     # first export normalises names and the series header

@@ -8,7 +8,7 @@ import subprocess
 import tarfile
 
 from support.cli import run_json
-from support.synthetic import ENGINE, lock_text, make_patch, sha256
+from support.synthetic import ENGINE, file_patch, lock_text, sha256
 
 from overlay import errors
 
@@ -36,7 +36,10 @@ def _pin(upstream, url, commit):
 
 def test_commit_pin_applies_and_builds(upstream, tmp_path):
     repo, first, second = _git_upstream(tmp_path, upstream)
-    upstream.add_patch("0001-engine.patch", make_patch({"vllm/engine.py": ENGINE}, {"vllm/engine.py": ENGINE.replace("x + 20\n", "x + 2000\n")}, "engine: edit"))
+    upstream.add_patch(
+        "0001-engine.patch",
+        file_patch("vllm/engine.py", ENGINE, ENGINE.replace("x + 20\n", "x + 2000\n"), "engine: edit"),
+    )
     _pin(upstream, str(repo), first)
     code, out = run_json("check", *upstream.args())
     assert code == errors.OK, out
@@ -63,7 +66,10 @@ def test_build_refuses_wheel_not_built_from_pinned_source(upstream, tmp_path):
     files over that wheel would mix two versions, so the build refuses."""
     repo, _first, second = _git_upstream(tmp_path, upstream)
     moved = ENGINE.replace("x + 20\n", "x + 20  # main moved on\n")
-    upstream.add_patch("0001-engine.patch", make_patch({"vllm/engine.py": moved}, {"vllm/engine.py": moved.replace("x + 3\n", "x + 33\n")}, "engine: edit"))
+    upstream.add_patch(
+        "0001-engine.patch",
+        file_patch("vllm/engine.py", moved, moved.replace("x + 3\n", "x + 33\n"), "engine: edit"),
+    )
     _pin(upstream, str(repo), second)
     code, out = run_json("build", *upstream.args(), "--target", "cpu", "--dist", str(tmp_path / "dist"))
     assert code == errors.BUILD_REFUSED, out

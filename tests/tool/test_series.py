@@ -2,13 +2,13 @@
 
 import pytest
 from support.cli import run_tool
-from support.synthetic import ENGINE, make_patch
+from support.synthetic import ENGINE, file_patch, make_patch
 
 from overlay import errors
 
 
 def _engine_patch(subject="engine: tweak"):
-    return make_patch({"vllm/engine.py": ENGINE}, {"vllm/engine.py": ENGINE.replace("x + 3", "x + 33")}, subject)
+    return file_patch("vllm/engine.py", ENGINE, ENGINE.replace("x + 3", "x + 33"), subject)
 
 
 @pytest.mark.parametrize(
