@@ -53,8 +53,17 @@ def overlay_python(overlay_wheel) -> Path:
     return vllm_venv(BUILD / "venvs" / "overlay", overlay_wheel)
 
 
+def _tiny_model(python: Path, arch: str) -> Path:
+    out = BUILD / "models" / f"tiny-{arch}"
+    subprocess.run([python, str(SUPPORT / "tiny_model.py"), str(out), "--arch", arch], check=True)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(upstream_python) -> Path:
-    out = BUILD / "models" / "tiny-llama"
-    subprocess.run([upstream_python, str(SUPPORT / "tiny_model.py"), str(out), "--arch", "llama"], check=True)
-    return out
+    return _tiny_model(upstream_python, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(upstream_python) -> Path:
+    return _tiny_model(upstream_python, "qwen3")

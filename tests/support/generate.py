@@ -2,12 +2,35 @@
 
 Runs inside a venv holding one vLLM build (upstream or overlay), so the same
 spec can be run on both and the outputs compared token for token.
+
 Usage: python generate.py SPEC.json OUT.json, where SPEC is
 {"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]}.
+OUT holds, per case and prompt, each completion's token ids, text, finish
+reason and logprobs, the prompt logprobs, the engine's resolved async
+scheduling setting, and the engine's counters after all cases (preemptions,
+prefix-cache hits, spec-decode acceptance) so tests can show a feature was
+really exercised.
 """
 
 import json
 import sys
+
+
+def _logprobs(entries) -> list | None:
+    """Per position: [[token_id, logprob, rank], ...] sorted by token id."""
+    if entries is None:
+        return None
+    return [None if pos is None else sorted([tid, lp.logprob, lp.rank] for tid, lp in pos.items()) for pos in entries]
+
+
+def _counters(llm) -> dict[str, float]:
+    from vllm.v1.metrics.reader import Counter, Gauge
+
+    totals: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if isinstance(metric, (Counter, Gauge)):
+            totals[metric.name] = totals.get(metric.name, 0) + metric.value
+    return totals
 
 
 def main() -> None:
@@ -15,18 +38,35 @@ def main() -> None:
         spec = json.load(f)
     from vllm import LLM, SamplingParams
 
-    llm = LLM(**spec["llm"])
+    llm = LLM(**{"disable_log_stats": False, **spec["llm"]})
     cases = []
     for case in spec["cases"]:
         results = llm.generate(case["prompts"], SamplingParams(**case["params"]), use_tqdm=False)
         cases.append(
             [
-                [{"token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason} for c in r.outputs]
+                {
+                    "prompt_logprobs": _logprobs(r.prompt_logprobs),
+                    "outputs": [
+                        {
+                            "token_ids": list(c.token_ids),
+                            "text": c.text,
+                            "finish_reason": c.finish_reason,
+                            "stop_reason": c.stop_reason,
+                            "logprobs": _logprobs(c.logprobs),
+                        }
+                        for c in r.outputs
+                    ],
+                }
                 for r in results
             ]
         )
+    out = {
+        "cases": cases,
+        "counters": _counters(llm),
+        "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+    }
     with open(sys.argv[2], "w") as f:
-        json.dump({"cases": cases}, f)
+        json.dump(out, f)
 
 
 if __name__ == "__main__":

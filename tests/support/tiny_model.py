@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 # Bump when the recipe changes so cached checkpoints are rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 MARKER = ".tiny_model.json"
 BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 
@@ -143,6 +143,7 @@ def build_model(
     seed: int = 0,
     dtype: str = "float32",
     init_std: float = 0.5,
+    eos_scale: float = 2.0,
 ) -> Path:
     """Build (or reuse) the tiny checkpoint in out_dir and return its path."""
     # All arguments except out_dir, captured before any other local exists.
@@ -181,6 +182,9 @@ def build_model(
                 special = i in tok.all_special_ids and i != tok.eos_token_id
                 if special or not (text.isascii() and text.isprintable()):
                     head[i].zero_()
+            # A wider EOS logit makes EOS the argmax every dozen tokens or so,
+            # so stop-on-EOS paths (and min_tokens suppressing it) are exercised.
+            head[tok.eos_token_id] *= eos_scale
         model = model.to(getattr(torch, dtype))
         model.generation_config.do_sample = False
         model.save_pretrained(str(tmp), safe_serialization=True)

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Run a fixed selection of upstream vLLM v1 unit tests against an INSTALLED vllm.
+#
+# Usage: run.sh VENV_PYTHON SOURCE_TREE [pytest args...]
+#   VENV_PYTHON  python of the venv whose installed `vllm` is under test
+#   SOURCE_TREE  vLLM source tree; only its tests/ folder is used (copied)
+#   extra args   passed to every pytest invocation (e.g. -x, -v)
+#
+# Env knobs:
+#   MINIMAL=1        copy only the 21 files the selection needs (default: whole tests/)
+#   OPT_125M_DIR=D   serve "facebook/opt-125m" from files in D (e.g. the tiny llama)
+#                    instead of the built-in OPT-125m config.json
+#   KEEP=1           keep the temp dir (printed at the end)
+#   STRICT_COUNTS=1  also fail when a file's pass count differs from upstream 0.32.0
+#                    or a deselect id is stale / prefix-matches an unlisted test
+#   FILE_TIMEOUT=s   per-file wall limit (default 1800)
+#
+# Exit status: 0 only if every file's pytest exited 0 (no failures/errors, >0 tests).
+set -uo pipefail
+
+PY=${1:?usage: run.sh VENV_PYTHON SOURCE_TREE [pytest args...]}
+SRC=${2:?usage: run.sh VENV_PYTHON SOURCE_TREE [pytest args...]}
+shift 2
+SRC=$(cd "$SRC" && pwd) || exit 2
+[ -d "$SRC/tests" ] || { echo "no tests/ in $SRC" >&2; exit 2; }
+
+FILES=(
+  tests/v1/core/test_scheduler.py
+  tests/v1/core/test_async_scheduler.py
+  tests/v1/core/test_prefix_caching.py
+  tests/v1/worker/test_gpu_input_batch.py
+  tests/v1/executor/test_multiproc_executor.py
+  tests/v1/spec_decode/test_ngram.py
+)
+# passes on upstream 0.32.0 CPU with this script (informational unless STRICT_COUNTS=1)
+declare -A EXPECT=(
+  [tests/v1/core/test_scheduler.py]=161
+  [tests/v1/core/test_async_scheduler.py]=19
+  [tests/v1/core/test_prefix_caching.py]=173
+  [tests/v1/worker/test_gpu_input_batch.py]=14
+  [tests/v1/executor/test_multiproc_executor.py]=6
+  [tests/v1/spec_decode/test_ngram.py]=2
+)
+
+# Deselected (deselect.txt): tests that need the llava hub model; see there.
+mapfile -t DESELECT < <(grep -v '^#' "$(dirname "$0")/deselect.txt" | grep .)
+
+MINIMAL_FILES=(
+  tests/__init__.py tests/conftest.py tests/ci_envs.py
+  tests/models/__init__.py tests/models/utils.py tests/models/registry.py
+  tests/v1/__init__.py
+  tests/v1/core/__init__.py tests/v1/core/utils.py
+  tests/v1/kv_connector/__init__.py tests/v1/kv_connector/unit/__init__.py
+  tests/v1/kv_connector/unit/utils.py
+  tests/v1/worker/__init__.py tests/v1/executor/__init__.py tests/v1/spec_decode/__init__.py
+  "${FILES[@]}"
+)
+
+# ---- preflight: the venv must have pytest + tblib (tests/conftest.py imports tblib)
+if ! "$PY" -c "import pytest, tblib" 2>/dev/null; then
+  echo "venv lacks pytest/tblib; install with:" >&2
+  echo "  $PY -m pip install pytest==9.1.0 tblib==3.1.0" >&2
+  exit 2
+fi
+
+WORK=$(mktemp -d /tmp/vllm-upstream-tests.XXXXXX)
+if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
+
+# ---- copy tests (never the source vllm/ package)
+if [ "${MINIMAL:-0}" = 1 ]; then
+  for f in "${MINIMAL_FILES[@]}"; do
+    install -D -m644 "$SRC/$f" "$WORK/$f" || { echo "missing $SRC/$f" >&2; exit 2; }
+  done
+else
+  cp -r "$SRC/tests" "$WORK/tests" || exit 2
+fi
+cat > "$WORK/pytest.ini" <<'EOF'
+[pytest]
+markers =
+    slow_test
+    skip_global_cleanup
+    core_model: enable this model test in each PR instead of only nightly
+    hybrid_model: models that contain mamba layers
+    cpu_model: enable this model test in CPU tests
+    cpu_test: mark test as CPU-only test
+    split: run this test as part of a split
+    distributed: run this test only in distributed GPU tests
+    optional: optional tests that are automatically skipped, include --optional to run them
+EOF
+
+# ---- offline HF cache that resolves "facebook/opt-125m" (config only is enough)
+SNAP=$WORK/hf/hub/models--facebook--opt-125m/snapshots/0000000000000000000000000000000000000000
+mkdir -p "$SNAP" "$WORK/hf/hub/models--facebook--opt-125m/refs"
+printf 0000000000000000000000000000000000000000 > "$WORK/hf/hub/models--facebook--opt-125m/refs/main"
+if [ -n "${OPT_125M_DIR:-}" ]; then
+  cp "$OPT_125M_DIR"/*.json "$SNAP"/ || exit 2
+else
+  cat > "$SNAP/config.json" <<'EOF'
+{
+  "_name_or_path": "facebook/opt-125m",
+  "activation_dropout": 0.0,
+  "activation_function": "relu",
+  "architectures": ["OPTForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 2,
+  "do_layer_norm_before": true,
+  "dropout": 0.1,
+  "eos_token_id": 2,
+  "ffn_dim": 3072,
+  "hidden_size": 768,
+  "init_std": 0.02,
+  "layerdrop": 0.0,
+  "max_position_embeddings": 2048,
+  "model_type": "opt",
+  "num_attention_heads": 12,
+  "num_hidden_layers": 12,
+  "pad_token_id": 1,
+  "prefix": "</s>",
+  "torch_dtype": "float16",
+  "transformers_version": "4.21.0.dev0",
+  "use_cache": true,
+  "vocab_size": 50272,
+  "word_embed_proj_dim": 768
+}
+EOF
+fi
+
+cd "$WORK" || exit 2
+unset PYTHONPATH VLLM_MODEL_REDIRECT_PATH
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_CACHE="$WORK/hf/hub" \
+       HF_HUB_DISABLE_TELEMETRY=1 PYTHONDONTWRITEBYTECODE=1
+
+# ---- the installed vllm must be the one imported (not the source tree)
+VLLM_AT=$("$PY" -c "import vllm,os;print(os.path.realpath(vllm.__file__))" 2>/dev/null | tail -1)
+case "$VLLM_AT" in
+  "") echo "cannot import vllm with $PY" >&2; exit 2;;
+  "$SRC"/*) echo "vllm imported from source tree ($VLLM_AT); refusing" >&2; exit 2;;
+esac
+echo "vllm under test: $VLLM_AT ($("$PY" -c 'import vllm;print(vllm.__version__)' 2>/dev/null | tail -1))"
+echo "tests from: $SRC/tests -> $WORK"
+
+DESEL_ARGS=()
+for d in "${DESELECT[@]}"; do DESEL_ARGS+=(--deselect "$d"); done
+
+# ---- warn if a deselect id no longer exists (pytest ignores unknown ids silently)
+# and if --deselect (a node-id PREFIX match) would also drop an unlisted test.
+"$PY" -m pytest -p no:cacheprovider --collect-only -q "${FILES[@]}" > "$WORK/collected.txt" 2>&1
+printf '%s\n' "${DESELECT[@]}" > "$WORK/deselect.txt"
+"$PY" - "$WORK/collected.txt" "$WORK/deselect.txt" <<'EOF'
+import sys
+bad = 0
+col = {l.strip() for l in open(sys.argv[1]) if "::" in l}
+des = [l.strip() for l in open(sys.argv[2]) if l.strip()]
+for d in des:
+    if d not in col:
+        print("WARNING: deselect id not collected:", d); bad = 1
+for c in sorted(col):
+    if c not in des and any(c.startswith(d) for d in des):
+        print("WARNING: unlisted test deselected by prefix match:", c); bad = 1
+sys.exit(3 if bad else 0)
+EOF
+SELECTION_OK=$?
+
+RC=0
+[ "$SELECTION_OK" -ne 0 ] && [ "${STRICT_COUNTS:-0}" = 1 ] && RC=1
+SUMMARY=()
+T0=$(date +%s)
+for f in "${FILES[@]}"; do
+  s=$(date +%s)
+  log="$WORK/$(basename "$f" .py).log"
+  timeout "${FILE_TIMEOUT:-1800}" "$PY" -m pytest -p no:cacheprovider -q -rfEs \
+      "${DESEL_ARGS[@]}" "$@" "$f" > "$log" 2>&1
+  rc=$?
+  line=$(grep -E '^=*.*[0-9]+ (passed|failed|error|errors|deselected|skipped)' "$log" | tail -1 | sed 's/=//g')
+  passed=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || true)
+  note=""
+  if [ "${passed:-0}" != "${EXPECT[$f]}" ]; then
+    note=" (upstream: ${EXPECT[$f]} passed)"
+    [ "${STRICT_COUNTS:-0}" = 1 ] && [ $rc -eq 0 ] && rc=1
+  fi
+  [ $rc -ne 0 ] && { RC=1; echo "---- $f (rc=$rc) ----"; grep -E '^(FAILED|ERROR)' "$log"; tail -5 "$log"; }
+  SUMMARY+=("$(printf '%-48s rc=%-3s %4ss  %s%s' "$f" "$rc" "$(( $(date +%s)-s ))" "${line# }" "$note")")
+done
+echo "================ summary ================"
+printf '%s\n' "${SUMMARY[@]}"
+echo "total wall: $(( $(date +%s)-T0 ))s; result: $([ $RC -eq 0 ] && echo PASS || echo FAIL)"
+[ "${KEEP:-0}" = 1 ] && echo "kept: $WORK"
+exit $RC
