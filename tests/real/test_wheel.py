@@ -35,7 +35,8 @@ def test_wheel_record_valid_and_unchanged_members_copied(overlay_wheel, upstream
 
     with WheelFile.open(overlay_wheel) as w:
         w.validate_record(validate_contents=True)
-    changed = set(_provenance(overlay_wheel)["files"]["modified"]) | set(_provenance(overlay_wheel)["files"]["added"])
+    files = _provenance(overlay_wheel)["files"]
+    changed = set(files["modified"]) | set(files["added"])
     with zipfile.ZipFile(overlay_wheel) as new, zipfile.ZipFile(upstream_wheel) as old:
         new_infos = {i.filename: i for i in new.infolist()}
         for info in old.infolist():
