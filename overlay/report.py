@@ -16,6 +16,9 @@ STYLE = {
     "conflict": "bold red",
     "already-upstream": "bold red",
     "not-tried": "dim",
+    "clean": "green",
+    "merged-3way": "yellow",
+    "target-gone": "bold red",
 }
 
 
@@ -41,6 +44,22 @@ def series_table(result: SeriesResult, *, strict: bool) -> Table:
             str(i), r.patch.name, f"[{style}]{r.status}[/]", str(len(r.patch.files)),
             str(len(r.patch.hunks())), detail,
         )  # fmt: skip
+    return table
+
+
+def rebase_table(result) -> Table:
+    """Per-patch rebase report: status, drift, detail."""
+    frm, to = result.old["version"], result.new["version"]
+    table = Table(title=f"rebase {frm} -> {to}", title_justify="left")
+    for col in ("#", "patch", "status", "drift", "detail"):
+        table.add_column(col, overflow="fold")
+    for i, s in enumerate(result.steps, 1):
+        status = f"[{STYLE.get(s.status, '')}]{s.status}[/]"
+        if s.resolution:
+            status += f" ({s.resolution})"
+        drift = "; ".join(f"{d['function']} ({d['file']} hunk #{d['hunk']}): {d['detail']}" for d in s.drift)
+        detail = "; ".join(x for x in (s.detail, *s.offsets) if x)
+        table.add_row(str(i), s.patch, status, f"[yellow]{drift}[/]" if drift else "-", detail)
     return table
 
 

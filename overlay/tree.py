@@ -72,10 +72,10 @@ def _unpack_source(lock: Lock, cache: Cache, tmp: Path, *, quiet: bool) -> Path:
 class Scratch:
     """A temporary git index holding the upstream tree, to apply patches to."""
 
-    def __init__(self, repo: Path, index: Path):
+    def __init__(self, repo: Path, index: Path, base: str = UPSTREAM_TAG):
         self.repo = repo
         self.env = git_env(extra={"GIT_INDEX_FILE": str(index)})
-        git(repo, "read-tree", UPSTREAM_TAG, env=self.env)
+        git(repo, "read-tree", base, env=self.env)
 
     def apply(self, patch: Path, *, check: bool, reverse: bool = False) -> subprocess.CompletedProcess:
         args = ["apply", "--cached", "--verbose"]
@@ -88,9 +88,10 @@ class Scratch:
 
 
 @contextmanager
-def scratch(repo: Path) -> Iterator[Scratch]:
+def scratch(repo: Path, base: str = UPSTREAM_TAG) -> Iterator[Scratch]:
+    """A scratch index of ``base`` (any tree-ish of ``repo``)."""
     with tempfile.TemporaryDirectory(prefix="overlay-index-") as tmp:
-        yield Scratch(repo, Path(tmp) / "index")
+        yield Scratch(repo, Path(tmp) / "index", base)
 
 
 def changed_files(repo: Path, tree: str) -> list[tuple[str, str]]:

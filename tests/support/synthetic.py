@@ -43,12 +43,12 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make_sdist(dest: Path, files: dict[str, str] = SOURCE) -> Path:
-    path = dest / SDIST_NAME
+def make_sdist(dest: Path, files: dict[str, str] = SOURCE, version: str = VERSION) -> Path:
+    path = dest / f"{DIST}-{version}.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
         for name, text in sorted(files.items()):
             data = text.encode()
-            info = tarfile.TarInfo(f"{DIST}-{VERSION}/{name}")
+            info = tarfile.TarInfo(f"{DIST}-{version}/{name}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return path
@@ -177,3 +177,73 @@ def make_upstream(tmp: Path) -> Upstream:
     for f in (sdist, wheel):  # pre-seeded: these tests need no network
         (cache / "downloads" / f.name).write_bytes(f.read_bytes())
     return Upstream(root, cache, sdist, wheel)
+
+
+# --- upstream history: a git repository with synthetic commits (rebase, bisect) ---
+
+GIT = ["git", "-c", "user.name=u", "-c", "user.email=u@u", "-c", "init.defaultBranch=main"]
+
+
+def git_commit(repo: Path, changes: dict[str, str | None], message: str) -> str:
+    """Commit ``changes`` (path -> text, None deletes) in ``repo``; return the full commit id."""
+    if not (repo / ".git").exists():
+        repo.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*GIT, "init", "-q"], cwd=repo, check=True)
+    for name, text in changes.items():
+        if text is None:
+            subprocess.run([*GIT, "rm", "-q", name], cwd=repo, check=True)
+        else:
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name).write_text(text)
+            subprocess.run([*GIT, "add", name], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-q", "--allow-empty", "-m", message], cwd=repo, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+
+def git_rename(repo: Path, old: str, new: str, text: str, message: str) -> str:
+    """Rename ``old`` to ``new`` (with ``text`` as the new content) in one commit."""
+    (repo / new).parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*GIT, "mv", old, new], cwd=repo, check=True)
+    return git_commit(repo, {new: text}, message)
+
+
+def pin_git(upstream: Upstream, url: str, commit: str, version: str = VERSION) -> None:
+    """Point the project's lock at ``commit`` of the git repository ``url``."""
+    source = f'[source]\nkind = "git"\nurl = "{url}"\ncommit = "{commit}"\n'
+    text = lock_text("0" * 64, sha256(upstream.wheel), source=source)
+    (upstream.root / "upstream.lock").write_text(text.replace(f'version = "{VERSION}"', f'version = "{version}"'))
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every byte of the pinned series: lock, series and patches/."""
+    files = {p.name: p.read_bytes() for p in sorted((root / "patches").iterdir())}
+    return files | {"series": (root / "series").read_bytes(), "upstream.lock": (root / "upstream.lock").read_bytes()}
+
+
+class LocalIndex:
+    """A PEP 503 simple index (and plain file server) on 127.0.0.1."""
+
+    def __init__(self, root: Path, files: list[Path], project: str = DIST, digests: dict[str, str] | None = None):
+        import http.server
+        import shutil
+        import threading
+
+        pages = root / "simple" / project
+        pages.mkdir(parents=True)
+        links = []
+        for f in files:
+            shutil.copy(f, root / f.name)
+            digest = (digests or {}).get(f.name) or hashlib.sha256(f.read_bytes()).hexdigest()
+            links.append(f'<a href="../../{f.name}#sha256={digest}">{f.name}</a>')
+        (pages / "index.html").write_text("<html><body>" + "\n".join(links) + "</body></html>")
+        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{self.base}/simple/"
+        self.env = {"PIP_INDEX_URL": self.url, "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
+                    "PIP_CONFIG_FILE": "/dev/null"}  # fmt: skip
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

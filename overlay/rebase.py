@@ -1,0 +1,395 @@
+"""Rebase the series onto a new upstream with git's 3-way merge.
+
+The rebase tree (``build/rebase`` unless ``--tree``) is a clone of the new
+base repo (tag ``upstream``) that also holds the old base
+(``refs/overlay/old-upstream``) and the series replayed on it (branch
+``old-patched``), so every blob a patch names in its ``index`` lines is there
+for ``git am -3``. Each patch is then replayed on branch ``patched``:
+
+- ``already-upstream``: it reverse-applies to the new base, or its 3-way merge
+  changes nothing; it is dropped from the series.
+- ``clean``: ``git apply`` takes it as is (zero fuzz; an offset is reported).
+- ``merged-3way``: it applies only with ``git am -3``.
+- ``conflict``: the 3-way merge left conflicts (file and hunk named).
+- ``target-gone``: a file it modifies is not in the new upstream (renamed or
+  deleted: git's rename detection between the two bases names the new path).
+
+The replay stops at the first conflict or gone target with ``git am`` in
+progress in the tree; resolve there (``git add``), then ``rebase --continue``;
+or ``rebase --abort``. State lives in the tree's ``.git/overlay-rebase/``
+(with a copy of the patches being replayed). Nothing outside the tree is
+written until every patch is through: then ``series``, ``patches/`` and the
+lock are written, each file atomically, by the normal export code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from overlay import lock as lockmod
+from overlay.drift import patch_drift
+from overlay.errors import InputError, PatchError
+from overlay.gitcmd import git, git_env
+from overlay.lock import Lock
+from overlay.maintain import export
+from overlay.patching import _conflict, _offsets
+from overlay.series import Patch, Series, parse_series_text
+from overlay.tree import UPSTREAM_TAG
+
+CLEAN = "clean"
+MERGED_3WAY = "merged-3way"
+CONFLICT = "conflict"
+ALREADY_UPSTREAM = "already-upstream"
+TARGET_GONE = "target-gone"
+NOT_TRIED = "not-tried"
+STOPS = (CONFLICT, TARGET_GONE)
+
+OLD_BASE_REF = "refs/overlay/old-upstream"
+OLD_BRANCH = "old-patched"
+BRANCH = "patched"
+STATE_DIR = "overlay-rebase"
+
+
+@dataclass
+class Step:
+    patch: str
+    status: str = NOT_TRIED
+    detail: str = ""
+    file: str | None = None
+    hunk: str | None = None
+    renamed_to: str | None = None
+    offsets: list[str] = field(default_factory=list)
+    drift: list[dict] = field(default_factory=list)
+    resolution: str | None = None  # after a stop: "resolved" (committed by hand) or "dropped"
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RebaseResult:
+    tree: Path
+    steps: list[Step]
+    old: dict
+    new: dict
+    completed: bool
+    series_before: str
+    series_after: str | None = None
+    changes: list[tuple[str, str]] = field(default_factory=list)
+    missing_wheels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stopped_at(self) -> Step | None:
+        return next((s for s in self.steps if s.status in STOPS and s.resolution is None), None)
+
+    @property
+    def needs_review(self) -> bool:
+        """Completed, but a patch drifted, was dropped, or is already upstream."""
+        return any(s.drift or s.status == ALREADY_UPSTREAM or s.resolution == "dropped" for s in self.steps)
+
+    def as_json(self) -> dict:
+        stop = self.stopped_at
+        return {
+            "ok": self.completed and not self.needs_review,
+            "completed": self.completed,
+            "stopped_at": stop.patch if stop else None,
+            "tree": str(self.tree),
+            "from": self.old,
+            "to": self.new,
+            "series_sha256_before": self.series_before,
+            "series_sha256_after": self.series_after,
+            "patches": [s.as_json() for s in self.steps],
+            "exported": [{"patch": n, "change": c} for n, c in self.changes],
+            "missing_wheels": self.missing_wheels,
+        }
+
+
+def _pin_json(lock: Lock) -> dict:
+    return {"version": lock.version, "commit": lock.commit, "source": lock.source_id}
+
+
+class Rebase:
+    """A rebase in a tree, with its persisted state."""
+
+    def __init__(self, tree: Path):
+        self.tree = tree
+        self.dir = tree / ".git" / STATE_DIR
+        self.state: dict = {}
+
+    @property
+    def in_progress(self) -> bool:
+        return (self.dir / "state.json").exists()
+
+    def load(self) -> Rebase:
+        if not self.in_progress:
+            raise InputError(f"no rebase in progress in {self.tree}")
+        self.state = json.loads((self.dir / "state.json").read_text())
+        return self
+
+    def save(self) -> None:
+        tmp = self.dir / "state.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True))
+        os.replace(tmp, self.dir / "state.json")
+
+    def git(self, *args: str, check: bool = True):
+        return git(self.tree, *args, env=git_env(extra={"GIT_EDITOR": "true"}), check=check)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [Step(**s) for s in self.state["steps"]]
+
+    def _set_step(self, i: int, step: Step) -> None:
+        self.state["steps"][i] = step.as_json()
+
+    def result(self, completed: bool) -> RebaseResult:
+        st = self.state
+        return RebaseResult(
+            self.tree, self.steps, st["old"], st["new"], completed, st["series_before"],
+            missing_wheels=lockmod.loads(st["new_lock"]).missing_wheels,
+        )  # fmt: skip
+
+    def am_in_progress(self) -> bool:
+        return (self.tree / ".git" / "rebase-apply").exists()
+
+
+def check_can_start(tree: Path, *, force: bool) -> None:
+    if tree.exists():
+        if Rebase(tree).in_progress:
+            raise InputError(f"a rebase is in progress in {tree}: `rebase --continue` or `rebase --abort`")
+        if not force:
+            raise InputError(f"{tree} already exists: pass --force to replace it (it may hold unexported work)")
+
+
+def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_base: Path, tree: Path,
+          *, force: bool) -> RebaseResult:  # fmt: skip
+    """Set up the rebase tree and replay the series; stop at the first conflict."""
+    from overlay.patching import run_series
+
+    check_can_start(tree, force=force)
+    pre = run_series(old_base, series, strict=False)
+    if not pre.ok(strict=False):
+        raise PatchError("the series does not apply to the current pin; fix that before rebasing", pre)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{tree.name}-"))
+    try:
+        work = tmp / "tree"
+        git(tmp, "clone", "--quiet", "--no-checkout", str(new_base), str(work))
+        git(work, "fetch", "--quiet", "--no-tags", str(old_base), f"+refs/tags/{UPSTREAM_TAG}:{OLD_BASE_REF}")
+        # The series on the old base: the pre-image blobs for 3-way merges and drift.
+        git(work, "checkout", "--quiet", "-b", OLD_BRANCH, OLD_BASE_REF)
+        for patch in series.patches:
+            git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(patch.path))
+        git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
+        if tree.exists():
+            shutil.rmtree(tree)
+        os.replace(work, tree)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rb = Rebase(tree)
+    (rb.dir / "patches").mkdir(parents=True)
+    for patch in series.patches:
+        shutil.copyfile(patch.path, rb.dir / "patches" / patch.name)
+    rb.state = {
+        "version": 1,
+        "series": str(series.path),
+        "lock": str(old_lock.path),
+        "series_before": series.sha256,
+        "old": _pin_json(old_lock),
+        "new": _pin_json(new_lock),
+        "new_lock": lockmod.dumps(new_lock),
+        "lock_before_sha": _file_digest(old_lock.path),
+        "series_before_sha": _file_digest(series.path),
+        "steps": [Step(p.name).as_json() for p in series.patches],
+        "next": 0,
+        "head_before_stop": None,
+    }
+    rb.save()
+    return _run(rb)
+
+
+def _file_digest(path: Path | None) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.exists() else ""
+
+
+def resume(tree: Path) -> RebaseResult:
+    """``--continue``: take the maintainer's resolution of the stopped patch, go on."""
+    rb = Rebase(tree).load()
+    i = rb.state["next"]
+    step = rb.steps[i]
+    if rb.am_in_progress():
+        unmerged = rb.git("diff", "--name-only", "--diff-filter=U").stdout.split()
+        if unmerged:
+            raise InputError(
+                f"{step.patch}: unresolved conflicts in {', '.join(unmerged)}: edit, `git add` them in {tree}, "
+                "then `rebase --continue`"
+            )
+        markers = rb.git("diff", "--cached", "--check", check=False).stdout
+        if "conflict marker" in markers:
+            raise InputError(f"{step.patch}: conflict markers are still staged:\n{markers.strip()}")
+        if not rb.git("diff", "--cached", "--name-only").stdout.strip():
+            raise InputError(
+                f"{step.patch}: nothing is staged in {tree}. Apply the change there and `git add` it, "
+                f"or run `git am --skip` there to drop the patch; then `rebase --continue`"
+            )
+        proc = rb.git("am", "--continue", check=False)
+        if proc.returncode != 0:
+            raise InputError(f"git am --continue failed in {tree}:\n{(proc.stdout + proc.stderr).strip()}")
+    head = rb.git("rev-parse", "HEAD").stdout.strip()
+    step.resolution = "dropped" if head == rb.state["head_before_stop"] else "resolved"
+    rb._set_step(i, step)
+    rb.state["next"] = i + 1
+    rb.save()
+    return _run(rb)
+
+
+def abort(tree: Path) -> None:
+    """Forget the rebase: remove its tree. ``series``, ``patches/`` and the lock were never written."""
+    rb = Rebase(tree).load()
+    if rb.am_in_progress():
+        rb.git("am", "--abort", check=False)
+    shutil.rmtree(tree)
+
+
+def _run(rb: Rebase) -> RebaseResult:
+    names = [s["patch"] for s in rb.state["steps"]]
+    while rb.state["next"] < len(names):
+        i = rb.state["next"]
+        patch_path = rb.dir / "patches" / names[i]
+        patch = Patch(names[i], patch_path, patch_path.read_bytes())
+        head = rb.git("rev-parse", "HEAD").stdout.strip()
+        step = _replay(rb, patch)
+        rb._set_step(i, step)
+        if step.status in STOPS:
+            rb.state["head_before_stop"] = head
+            rb.save()
+            return rb.result(completed=False)
+        rb.state["next"] = i + 1
+        rb.save()
+    return _finish(rb)
+
+
+def _replay(rb: Rebase, patch: Patch) -> Step:
+    step = Step(patch.name)
+    step.drift = [d.as_json() for d in patch_drift(patch, _blob_reader(rb.tree), _head_reader(rb.tree))]
+    p = str(patch.path)
+    if rb.git("apply", "--check", "--reverse", p, check=False).returncode == 0:
+        step.status, step.detail = ALREADY_UPSTREAM, "reverse-applies to the new upstream: dropped from the series"
+        return step
+    forward = rb.git("apply", "--check", "--verbose", p, check=False)
+    if forward.returncode == 0:
+        rb.git("am", "--quiet", "--keep-cr", "--committer-date-is-author-date", p)
+        step.status, step.offsets = CLEAN, _offsets(patch, forward.stderr)
+        return step
+    failed = _conflict(patch, forward.stderr)
+    step.file, step.hunk = failed.file, str(failed.hunk) if failed.hunk else None
+    gone = [f for f in _modified_files(patch) if rb.git("cat-file", "-e", f"HEAD:{f}", check=False).returncode != 0]
+    if gone:
+        step.status, step.file = TARGET_GONE, gone[0]
+        step.renamed_to = _renamed(rb, gone[0])
+        where = f"renamed upstream to {step.renamed_to}" if step.renamed_to else "deleted upstream (no rename found)"
+        step.detail = f"{gone[0]} is not in the new upstream: {where}; apply the change by hand"
+        rb.git("am", "--keep-cr", "--committer-date-is-author-date", p, check=False)  # leaves the session open
+        return step
+    head = rb.git("rev-parse", "HEAD").stdout.strip()
+    merged = rb.git("am", "-3", "--keep-cr", "--committer-date-is-author-date", p, check=False)
+    if merged.returncode == 0:
+        if rb.git("rev-parse", "HEAD").stdout.strip() == head:
+            step.status, step.detail = ALREADY_UPSTREAM, "3-way merge changed nothing: dropped from the series"
+        else:
+            step.status = MERGED_3WAY
+            step.detail = f"{failed.hunk or failed.file}: {failed.problem}; merged with 3-way"
+        return step
+    unmerged = rb.git("diff", "--name-only", "--diff-filter=U").stdout.split()
+    step.status = CONFLICT
+    step.file = unmerged[0] if unmerged else failed.file
+    step.detail = f"3-way merge left conflicts in {', '.join(unmerged) or failed.file}" + (
+        f" (first failing hunk: {failed.hunk})" if failed.hunk else ""
+    )
+    return step
+
+
+def _modified_files(patch: Patch) -> list[str]:
+    from overlay.series import _strip_prefix
+
+    return [_strip_prefix(f.path) for f in patch.diff if not f.is_added_file]
+
+
+def _renamed(rb: Rebase, path: str) -> str | None:
+    out = rb.git("diff", "--name-status", "-M", "-z", OLD_BASE_REF, UPSTREAM_TAG).stdout.split("\0")
+    i = 0
+    while i < len(out) - 1:
+        status = out[i]
+        if status.startswith(("R", "C")):
+            if out[i + 1] == path:
+                return out[i + 2]
+            i += 3
+        else:
+            i += 2
+    return None
+
+
+def _blob_reader(tree: Path):
+    def read(path: str, blob: str | None) -> str | None:
+        if not blob:
+            return None
+        proc = git(tree, "cat-file", "blob", blob, check=False)
+        return proc.stdout if proc.returncode == 0 else None
+
+    return read
+
+
+def _head_reader(tree: Path):
+    def read(path: str, _blob: str | None) -> str | None:
+        proc = git(tree, "cat-file", "blob", f"HEAD:{path}", check=False)
+        return proc.stdout if proc.returncode == 0 else None
+
+    return read
+
+
+def _finish(rb: Rebase) -> RebaseResult:
+    """Every patch is through: export the branch and write the lock (atomically, per file)."""
+    st = rb.state
+    series_path, lock_path = Path(st["series"]), Path(st["lock"])
+    if _file_digest(series_path) != st["series_before_sha"] or _file_digest(lock_path) != st["lock_before_sha"]:
+        raise InputError(
+            f"{series_path} or {lock_path} changed since the rebase started; not overwriting them. "
+            f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
+        )
+    new_lock = lockmod.loads(st["new_lock"])
+    changes = _export_atomically(rb.tree, series_path)
+    lockmod.dump(new_lock, lock_path)
+    result = rb.result(completed=True)
+    result.changes = changes
+    from overlay.series import load
+
+    result.series_after = load(series_path).sha256
+    shutil.rmtree(rb.dir)
+    return result
+
+
+def _export_atomically(tree: Path, series_path: Path) -> list[tuple[str, str]]:
+    """Export into a staging copy, then move each changed file into place atomically."""
+    patch_dir = series_path.parent / "patches"
+    with tempfile.TemporaryDirectory(dir=series_path.parent, prefix=".rebase-export-") as tmp:
+        staging = Path(tmp) / series_path.name
+        shutil.copyfile(series_path, staging)
+        (Path(tmp) / "patches").mkdir()
+        old = parse_series_text(series_path.read_text(), str(series_path))
+        for name in old:
+            shutil.copyfile(patch_dir / name, Path(tmp) / "patches" / name)
+        changes = export(tree, staging)
+        for name, change in changes:
+            if change in ("added", "changed"):
+                os.replace(Path(tmp) / "patches" / name, patch_dir / name)
+        os.replace(staging, series_path)
+        for name, change in changes:
+            if change == "removed":
+                (patch_dir / name).unlink(missing_ok=True)
+    return changes
