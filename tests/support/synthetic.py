@@ -223,23 +223,31 @@ def snapshot(root: Path) -> dict[str, bytes]:
 class LocalIndex:
     """A PEP 503 simple index (and plain file server) on 127.0.0.1."""
 
-    def __init__(self, root: Path, files: list[Path], project: str = DIST, digests: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        files: list[Path],
+        project: str = DIST,
+        digests: dict[str, str] | None = None,
+        prefix: str = "simple",
+    ):
         import http.server
         import shutil
         import threading
 
-        pages = root / "simple" / project
+        pages = root / prefix / project
         pages.mkdir(parents=True)
         links = []
         for f in files:
             shutil.copy(f, root / f.name)
             digest = (digests or {}).get(f.name) or hashlib.sha256(f.read_bytes()).hexdigest()
-            links.append(f'<a href="../../{f.name}#sha256={digest}">{f.name}</a>')
+            up = "../" * (prefix.count("/") + 2)
+            links.append(f'<a href="{up}{f.name}#sha256={digest}">{f.name}</a>')
         (pages / "index.html").write_text("<html><body>" + "\n".join(links) + "</body></html>")
         handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.url = f"{self.base}/simple/"
+        self.url = f"{self.base}/{prefix}/"
         self.env = {"PIP_INDEX_URL": self.url, "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
                     "PIP_CONFIG_FILE": "/dev/null"}  # fmt: skip
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -92,7 +92,8 @@ def test_skipped_commits_are_stepped_over(series, history):
 def test_only_skipped_commits_left_names_the_candidates(series, history):
     repo, c = history
     # c1 and c2 cannot be tested: the first bad commit is c1, c2 or c3, and bisect says so
-    test = "if ! grep -q BROKEN vllm/engine.py && grep -q c1 README.md; then exit 125; fi; ! grep -q BROKEN vllm/engine.py"
+    unbroken = "! grep -q BROKEN vllm/engine.py"
+    test = f"if {unbroken} && grep -q c1 README.md; then exit 125; fi; {unbroken}"
     code, out = _bisect(series, repo, c[0], c[4], "--test", test)
     assert code == errors.BAD_INPUT
     assert all(x[:12] in out["error"] for x in c[1:4]) and c[4][:12] not in out["error"]
