@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from overlay.errors import InputError, PatchError
@@ -38,22 +40,34 @@ def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> Ser
     result = run_series(base, series, strict=False)
     if not result.ok(strict=False):
         raise PatchError("the series does not apply; no tree was written", result)
+    with new_tree(tree_dir, base) as work:
+        git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
+        am_series(work, series.patches)
+    return result
+
+
+@contextmanager
+def new_tree(tree_dir: Path, base: Path) -> Iterator[Path]:
+    """A clone of ``base`` (no checkout) to build in; it replaces ``tree_dir``
+    only when the block succeeds, so a failure leaves no half-made tree."""
     tree_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=tree_dir.parent, prefix=f".{tree_dir.name}-"))
     try:
         work = tmp / "tree"
         git(tmp, "clone", "--quiet", "--no-checkout", str(base), str(work))
-        git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
-        env = git_env()
-        for patch in series.patches:
-            git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date",
-                str(patch.path), env=env)  # fmt: skip
+        yield work
         if tree_dir.exists():
             shutil.rmtree(tree_dir)
         os.replace(work, tree_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return result
+
+
+def am_series(work: Path, patches) -> None:
+    """Commit each patch on the checked-out branch (``git am``, fixed identity)."""
+    env = git_env()
+    for patch in patches:
+        git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(patch.path), env=env)
 
 
 def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
-from overlay.maintain import export
+from overlay.maintain import am_series, export, new_tree
 from overlay.patching import _conflict, _offsets
 from overlay.series import Patch, Series, parse_series_text
 from overlay.tree import UPSTREAM_TAG
@@ -174,22 +174,12 @@ def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_ba
     pre = run_series(old_base, series, strict=False)
     if not pre.ok(strict=False):
         raise PatchError("the series does not apply to the current pin; fix that before rebasing", pre)
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{tree.name}-"))
-    try:
-        work = tmp / "tree"
-        git(tmp, "clone", "--quiet", "--no-checkout", str(new_base), str(work))
+    with new_tree(tree, new_base) as work:
         git(work, "fetch", "--quiet", "--no-tags", str(old_base), f"+refs/tags/{UPSTREAM_TAG}:{OLD_BASE_REF}")
         # The series on the old base: the pre-image blobs for 3-way merges and drift.
         git(work, "checkout", "--quiet", "-b", OLD_BRANCH, OLD_BASE_REF)
-        for patch in series.patches:
-            git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(patch.path))
+        am_series(work, series.patches)
         git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
-        if tree.exists():
-            shutil.rmtree(tree)
-        os.replace(work, tree)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     rb = Rebase(tree)
     (rb.dir / "patches").mkdir(parents=True)
     for patch in series.patches:

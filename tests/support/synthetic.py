@@ -179,6 +179,37 @@ def make_upstream(tmp: Path) -> Upstream:
     return Upstream(root, cache, sdist, wheel)
 
 
+# A module with a class and functions, for drift (the function a hunk hooks).
+SCHED = """\
+import os
+
+
+class Scheduler:
+    def __init__(self):
+        self.queue = []
+
+    def schedule(self, budget):
+        out = []
+        for req in self.queue:
+            if budget <= 0:
+                break
+            out.append(req)
+            budget -= 1
+        return out
+
+    def finish(self, req):
+        self.queue.remove(req)
+
+
+def helper():
+    return 1
+
+
+def other():
+    return 2
+"""
+
+
 # --- upstream history: a git repository with synthetic commits (rebase, bisect) ---
 
 GIT = ["git", "-c", "user.name=u", "-c", "user.email=u@u", "-c", "init.defaultBranch=main"]

@@ -4,40 +4,12 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_json
-from support.synthetic import SOURCE, file_patch, git_commit, pin_git
+from support.synthetic import SCHED, SOURCE, file_patch, git_commit, pin_git
 
 from overlay import errors
 from overlay.drift import patch_drift
 from overlay.series import Patch
 
-SCHED = """\
-import os
-
-
-class Scheduler:
-    def __init__(self):
-        self.queue = []
-
-    def schedule(self, budget):
-        out = []
-        for req in self.queue:
-            if budget <= 0:
-                break
-            out.append(req)
-            budget -= 1
-        return out
-
-    def finish(self, req):
-        self.queue.remove(req)
-
-
-def helper():
-    return 1
-
-
-def other():
-    return 2
-"""
 HOOKED = SCHED.replace("        out = []\n", "        out = []  # overlay\n")
 
 

@@ -11,6 +11,7 @@ import pytest
 from support.cli import run_json, run_tool
 from support.synthetic import (
     ENGINE,
+    SCHED,
     SOURCE,
     file_patch,
     git_commit,
@@ -21,23 +22,6 @@ from support.synthetic import (
 
 from overlay import errors
 
-SCHED = """\
-class Scheduler:
-    def __init__(self):
-        self.queue = []
-
-    def schedule(self, budget):
-        out = []
-        for req in self.queue:
-            if budget <= 0:
-                break
-            out.append(req)
-            budget -= 1
-        return out
-
-    def finish(self, req):
-        self.queue.remove(req)
-"""
 OLD_FILE = "".join(f"LINE_{i} = {i}\n" for i in range(30))
 
 
