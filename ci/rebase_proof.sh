@@ -5,8 +5,9 @@
 #   ci/rebase_proof.sh 0.33.0 [report.json]
 #
 # The report is the JSON of `apply.py rebase --json`, plus the repository
-# commit and what was tried after the rebase: `check` on the new pin and a
-# build for each target (a target without a binary wheel is refused, exit 4).
+# commit and what was tried after the rebase: `check` on the new pin, a
+# byte-compile of the patched Python files, and a build for each target (a
+# target without a binary wheel is refused, exit 4).
 # Exit status: that of the rebase.
 set -uo pipefail
 version=${1:?usage: ci/rebase_proof.sh VERSION [report.json]}
@@ -29,6 +30,9 @@ sys.exit(0 if json.load(open(sys.argv[1])).get("completed") else 1)
 PY
 then
   python3 apply.py check > "$work/check.txt" 2>&1; after+=("check=$?")
+  # the patched Python files of the new release at least compile
+  (cd "$work/tree" && git diff --name-only --diff-filter=AM upstream patched -- '*.py' \
+     | xargs -r python3 -m py_compile) > "$work/compile.txt" 2>&1; after+=("compile=$?")
   for target in cpu cuda; do
     python3 apply.py build -q --target "$target" --dist "$work/dist" > "$work/build-$target.txt" 2>&1
     after+=("build-$target=$?")
