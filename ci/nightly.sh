@@ -9,6 +9,8 @@
 #   UPSTREAM_REF  ref to follow            (default refs/heads/main)
 #   WHEELS_URL    per-commit wheel index   (default https://wheels.vllm.ai: <commit>/ is a
 #                 simple index holding the wheels vLLM's CI built from that commit)
+#   WHEEL_URL     instead of the index: the wheel's URL, "{commit}" replaced by the commit
+#                 (e.g. https://wheels.vllm.ai/{commit}/vllm-<ver>-cp38-abi3-manylinux_2_28_x86_64.whl)
 #   TARGET        which wheel              (default cuda; vLLM builds CPU wheels per commit
 #                 only on demand)
 #   TEST_CMD      test command             (default: the tool tests and `check`)
@@ -66,8 +68,13 @@ if [ -z "$commit" ]; then
 fi
 echo "nightly: $UPSTREAM_URL $UPSTREAM_REF is $commit"
 
+if [ -n "${WHEEL_URL:-}" ]; then
+  wheel=(--wheel "$TARGET=${WHEEL_URL//\{commit\}/$commit}")
+else
+  wheel=(--wheel-index "$TARGET=$WHEELS_URL/$commit/")
+fi
 python3 apply.py rebase "${extra[@]}" --json --to-commit "$commit" --git-url "$UPSTREAM_URL" \
-  --wheel-index "$TARGET=$WHEELS_URL/$commit/" --tree "$REPORT_DIR/tree" --force > "$REPORT_DIR/rebase.json"
+  "${wheel[@]}" --tree "$REPORT_DIR/tree" --force > "$REPORT_DIR/rebase.json"
 rebase_rc=$?
 completed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("completed", False))' \
   "$REPORT_DIR/rebase.json" 2>/dev/null || echo False)

@@ -13,9 +13,10 @@ from support.synthetic import ENGINE, SOURCE, LocalIndex, file_patch, git_commit
 from overlay import errors
 
 
-def _nightly(upstream, repo, wheels, report_dir):
+def _nightly(upstream, repo, wheels, report_dir, **more):
     args = " ".join(upstream.args())
     env = {
+        **more,
         **os.environ,
         "UPSTREAM_URL": str(repo),
         "WHEELS_URL": wheels,
@@ -85,3 +86,16 @@ def test_nightly_without_a_wheel_for_the_commit_is_a_fetch_failure(upstream, tmp
         index.close()
     assert proc.returncode == errors.FETCH_FAILED, proc.stdout + proc.stderr
     assert report["rebase_exit"] == errors.FETCH_FAILED
+
+
+def test_nightly_with_a_wheel_url_template(upstream, tmp_path):
+    repo, head, index = _setup(upstream, tmp_path, ENGINE)
+    # the file server also serves <commit>/<wheel> when the wheel is placed there
+    (tmp_path / "wheels" / head / upstream.wheel.name).write_bytes(upstream.wheel.read_bytes())
+    template = f"{index.base}/{{commit}}/{upstream.wheel.name}"
+    try:
+        proc, report = _nightly(upstream, repo, "http://127.0.0.1:9/unused", tmp_path / "nightly", WHEEL_URL=template)
+    finally:
+        index.close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f'url = "{index.base}/{head}/{upstream.wheel.name}"' in (upstream.root / "upstream.lock").read_text()
