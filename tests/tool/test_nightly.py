@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.cli import ROOT
-from support.synthetic import ENGINE, SOURCE, LocalIndex, file_patch, git_commit, pin_git, sha256
+from support.cli import ROOT, run_json
+from support.synthetic import ENGINE, SOURCE, LocalIndex, file_patch, git_commit, pin_git, sha256, snapshot
 
 from overlay import errors
 
@@ -99,3 +99,19 @@ def test_nightly_with_a_wheel_url_template(upstream, tmp_path):
         index.close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f'url = "{index.base}/{head}/{upstream.wheel.name}"' in (upstream.root / "upstream.lock").read_text()
+
+
+def test_per_commit_wheel_not_matching_its_index_digest_is_refused(upstream, tmp_path):
+    repo = tmp_path / "upstream-git"
+    v1 = git_commit(repo, dict(SOURCE), "v1")
+    pin_git(upstream, str(repo), v1)
+    head = git_commit(repo, {"README.md": "main moved\n"}, "main")
+    index = LocalIndex(tmp_path / "wheels", [upstream.wheel], prefix=head, digests={upstream.wheel.name: "0" * 64})
+    before = snapshot(upstream.root)
+    try:
+        code, out = run_json("rebase", *upstream.args(), "--to-commit", head, "--git-url", str(repo),
+                             "--wheel-index", f"cpu={index.base}/{head}/", "--tree", str(tmp_path / "t"))  # fmt: skip
+    finally:
+        index.close()
+    assert code == errors.FETCH_FAILED and "checksum mismatch" in out["error"], out
+    assert snapshot(upstream.root) == before

@@ -232,3 +232,19 @@ def test_unknown_target_commit_is_bad_input(upstream, history, tmp_path):
     code, out = _rebase(upstream, repo, "f" * 40, tmp_path / "t")
     assert code == errors.BAD_INPUT and "not found" in out["error"]
     assert snapshot(upstream.root) == before
+
+
+def test_series_edited_during_a_stopped_rebase_is_not_overwritten(upstream, history, tmp_path):
+    repo, _v1 = history
+    e = ENGINE
+    upstream.add_patch("0001-c.patch", file_patch("vllm/engine.py", e, _edit(e, "x + 30\n", "x + 3000\n"), "c"))
+    v2 = git_commit(repo, {"vllm/engine.py": _edit(e, "x + 30\n", "x + 31\n")}, "v2")
+    tree = tmp_path / "t"
+    assert _rebase(upstream, repo, v2, tree)[0] == errors.PATCH_FAILED
+    assert _git(tree, "am", "--skip").returncode == 0
+    with upstream.series.open("a") as f:
+        f.write("# someone edited the series meanwhile\n")
+    before = snapshot(upstream.root)
+    code, out = run_json("rebase", *upstream.args(), "--continue", "--tree", str(tree))
+    assert code == errors.BAD_INPUT and "changed since the rebase started" in out["error"]
+    assert snapshot(upstream.root) == before
