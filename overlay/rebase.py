@@ -24,6 +24,7 @@ lock are written, each file atomically, by the normal export code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,8 +38,9 @@ from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
 from overlay.maintain import am_series, export, new_tree
-from overlay.patching import _conflict, _offsets
-from overlay.series import Patch, Series, parse_series_text
+from overlay.patching import _conflict, _offsets, run_series
+from overlay.series import Patch, Series, _strip_prefix, parse_series_text
+from overlay.series import load as load_series
 from overlay.tree import UPSTREAM_TAG
 
 CLEAN = "clean"
@@ -168,8 +170,6 @@ def check_can_start(tree: Path, *, force: bool) -> None:
 def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_base: Path, tree: Path,
           *, force: bool) -> RebaseResult:  # fmt: skip
     """Set up the rebase tree and replay the series; stop at the first conflict."""
-    from overlay.patching import run_series
-
     check_can_start(tree, force=force)
     pre = run_series(old_base, series, strict=False)
     if not pre.ok(strict=False):
@@ -203,8 +203,6 @@ def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_ba
 
 
 def _file_digest(path: Path | None) -> str:
-    import hashlib
-
     return hashlib.sha256(path.read_bytes()).hexdigest() if path and path.exists() else ""
 
 
@@ -306,8 +304,6 @@ def _replay(rb: Rebase, patch: Patch) -> Step:
 
 
 def _modified_files(patch: Patch) -> list[str]:
-    from overlay.series import _strip_prefix
-
     return [_strip_prefix(f.path) for f in patch.diff if not f.is_added_file]
 
 
@@ -347,9 +343,10 @@ def _finish(rb: Rebase) -> RebaseResult:
     """Every patch is through: export the branch and write the lock (atomically, per file)."""
     st = rb.state
     series_path, lock_path = Path(st["series"]), Path(st["lock"])
-    if _file_digest(series_path) != st["series_before_sha"] or _file_digest(lock_path) != st["lock_before_sha"]:
+    edited = _file_digest(series_path) != st["series_before_sha"] or _file_digest(lock_path) != st["lock_before_sha"]
+    if edited or load_series(series_path).sha256 != st["series_before"]:
         raise InputError(
-            f"{series_path} or {lock_path} changed since the rebase started; not overwriting them. "
+            f"{series_path}, patches/ or {lock_path} changed since the rebase started; not overwriting them. "
             f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
         )
     new_lock = lockmod.loads(st["new_lock"])
@@ -357,9 +354,7 @@ def _finish(rb: Rebase) -> RebaseResult:
     lockmod.dump(new_lock, lock_path)
     result = rb.result(completed=True)
     result.changes = changes
-    from overlay.series import load
-
-    result.series_after = load(series_path).sha256
+    result.series_after = load_series(series_path).sha256
     shutil.rmtree(rb.dir)
     return result
 

@@ -248,3 +248,20 @@ def test_series_edited_during_a_stopped_rebase_is_not_overwritten(upstream, hist
     code, out = run_json("rebase", *upstream.args(), "--continue", "--tree", str(tree))
     assert code == errors.BAD_INPUT and "changed since the rebase started" in out["error"]
     assert snapshot(upstream.root) == before
+
+
+def test_already_upstream_found_by_the_3way_merge(upstream, history, tmp_path):
+    """Upstream made the patch's change and also edited its context: the patch neither
+    applies nor reverse-applies, and the 3-way merge changes nothing."""
+    repo, _v1 = history
+    e = ENGINE
+    upstream.add_patch("0001-x.patch", file_patch("vllm/engine.py", e, _edit(e, "x + 20\n", "x + 2000\n"), "x"))
+    upstream.add_patch("0002-y.patch", file_patch("vllm/y.py", None, "Y = 1\n", "y"))
+    both = _edit(_edit(e, "x + 20\n", "x + 2000\n"), "def step_21(x):\n", "def step_21(x):  # upstream\n")
+    v2 = git_commit(repo, {"vllm/engine.py": both}, "v2")
+    code, out = _rebase(upstream, repo, v2, tmp_path / "t")
+    assert code == errors.PATCH_FAILED and out["completed"], out  # completed; the drop needs review
+    first, second = out["patches"]
+    assert first["status"] == "already-upstream" and "3-way merge changed nothing" in first["detail"]
+    assert second["status"] == "clean"
+    assert upstream.series.read_text().split("\n")[1:-1] == ["0001-y.patch"]
