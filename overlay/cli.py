@@ -333,30 +333,13 @@ def cmd_rebase(args) -> int:
         else:
             print(f"rebase aborted; {tree} removed. series, patches/ and the lock were not touched.")
         return errors.OK
-    if args.resume:
-        result = rebase.resume(tree)
-    else:
-        if args.to_commit and not args.git_url:
-            raise errors.InputError("--to-commit needs --git-url")
-        if args.to and (args.git_url or args.wheel or args.wheel_index or args.upstream_version):
-            raise errors.InputError("--git-url, --wheel(-index) and --upstream-version go with --to-commit, not --to")
-        from overlay.tree import base_repo
-        from overlay.upstream import resolve_commit, resolve_release
-
-        lock, series, cache = _load(args)
-        rebase.check_can_start(tree, force=args.force)
-        if args.to:
-            new = resolve_release(args.to, lock, cache, quiet=args.quiet)
-        else:
-            new = resolve_commit(
-                args.git_url, args.to_commit, cache, version=args.upstream_version,
-                wheel_urls=dict(_target_url(w) for w in args.wheel),
-                wheel_indexes=dict(_target_url(w) for w in args.wheel_index),
-                distributions={t: a.distribution for t, a in lock.wheels.items()}, quiet=args.quiet,
-            )  # fmt: skip
-        old_base = base_repo(lock, cache, quiet=args.quiet)
-        new_base = base_repo(new, cache, quiet=args.quiet)
-        result = rebase.start(lock, new, series, old_base, new_base, tree, force=args.force)
+    try:
+        result = rebase.resume(tree) if args.resume else _rebase_start(args, tree)
+    except KeyboardInterrupt:
+        if rebase.Rebase(tree).in_progress:
+            print(f"rebase interrupted: `apply.py rebase --continue --tree {tree}` resumes it, `--abort` drops "
+                  "it; series, patches/ and the lock are untouched", file=sys.stderr)  # fmt: skip
+        raise
     if args.json:
         report.emit_json(result.as_json())
     else:
@@ -365,6 +348,32 @@ def cmd_rebase(args) -> int:
     if not result.completed or result.needs_review:
         return errors.PATCH_FAILED
     return errors.OK
+
+
+def _rebase_start(args, tree: Path):
+    from overlay import rebase
+
+    if args.to_commit and not args.git_url:
+        raise errors.InputError("--to-commit needs --git-url")
+    if args.to and (args.git_url or args.wheel or args.wheel_index or args.upstream_version):
+        raise errors.InputError("--git-url, --wheel(-index) and --upstream-version go with --to-commit, not --to")
+    from overlay.tree import base_repo
+    from overlay.upstream import resolve_commit, resolve_release
+
+    lock, series, cache = _load(args)
+    rebase.check_can_start(tree, force=args.force)
+    if args.to:
+        new = resolve_release(args.to, lock, cache, quiet=args.quiet)
+    else:
+        new = resolve_commit(
+            args.git_url, args.to_commit, cache, version=args.upstream_version,
+            wheel_urls=dict(_target_url(w) for w in args.wheel),
+            wheel_indexes=dict(_target_url(w) for w in args.wheel_index),
+            distributions={t: a.distribution for t, a in lock.wheels.items()}, quiet=args.quiet,
+        )  # fmt: skip
+    old_base = base_repo(lock, cache, quiet=args.quiet)
+    new_base = base_repo(new, cache, quiet=args.quiet)
+    return rebase.start(lock, new, series, old_base, new_base, tree, force=args.force)
 
 
 def _target_url(spec: str) -> tuple[str, str]:

@@ -196,7 +196,7 @@ def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_ba
         "series_before_sha": _file_digest(series.path),
         "steps": [Step(p.name).as_json() for p in series.patches],
         "next": 0,
-        "head_before_stop": None,
+        "head_before_step": None,
     }
     rb.save()
     return _run(rb)
@@ -211,6 +211,12 @@ def resume(tree: Path) -> RebaseResult:
     rb = Rebase(tree).load()
     i = rb.state["next"]
     step = rb.steps[i]
+    if step.status not in STOPS:
+        # Interrupted while replaying this patch: undo whatever part of it happened, replay it.
+        if rb.am_in_progress():
+            rb.git("am", "--abort", check=False)
+        rb.git("reset", "--quiet", "--hard", rb.state["head_before_step"])
+        return _run(rb)
     if rb.am_in_progress():
         unmerged = rb.git("diff", "--name-only", "--diff-filter=U").stdout.split()
         if unmerged:
@@ -230,7 +236,7 @@ def resume(tree: Path) -> RebaseResult:
         if proc.returncode != 0:
             raise InputError(f"git am --continue failed in {tree}:\n{(proc.stdout + proc.stderr).strip()}")
     head = rb.git("rev-parse", "HEAD").stdout.strip()
-    step.resolution = "dropped" if head == rb.state["head_before_stop"] else "resolved"
+    step.resolution = "dropped" if head == rb.state["head_before_step"] else "resolved"
     rb._set_step(i, step)
     rb.state["next"] = i + 1
     rb.save()
@@ -251,11 +257,11 @@ def _run(rb: Rebase) -> RebaseResult:
         i = rb.state["next"]
         patch_path = rb.dir / "patches" / names[i]
         patch = Patch(names[i], patch_path, patch_path.read_bytes())
-        head = rb.git("rev-parse", "HEAD").stdout.strip()
+        rb.state["head_before_step"] = rb.git("rev-parse", "HEAD").stdout.strip()
+        rb.save()
         step = _replay(rb, patch)
         rb._set_step(i, step)
         if step.status in STOPS:
-            rb.state["head_before_stop"] = head
             rb.save()
             return rb.result(completed=False)
         rb.state["next"] = i + 1

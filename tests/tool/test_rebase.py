@@ -265,3 +265,28 @@ def test_already_upstream_found_by_the_3way_merge(upstream, history, tmp_path):
     assert first["status"] == "already-upstream" and "3-way merge changed nothing" in first["detail"]
     assert second["status"] == "clean"
     assert upstream.series.read_text().split("\n")[1:-1] == ["0001-y.patch"]
+
+
+def test_continue_after_an_interruption_replays_the_interrupted_patch(upstream, history, tmp_path):
+    """Interrupted inside `git am` of a patch (simulated: the state says the patch was never
+    reported, the am session is open): --continue undoes the half-applied patch and replays it,
+    so no patch is lost."""
+    import json
+
+    repo, _v1 = history
+    e = ENGINE
+    upstream.add_patch("0001-a.patch", file_patch("vllm/engine.py", e, _edit(e, "x + 5\n", "x + 500\n"), "a"))
+    upstream.add_patch("0002-c.patch", file_patch("vllm/engine.py", e, _edit(e, "x + 30\n", "x + 3000\n"), "c"))
+    v2 = git_commit(repo, {"vllm/engine.py": _edit(e, "x + 30\n", "x + 31\n")}, "v2")
+    tree = tmp_path / "t"
+    assert _rebase(upstream, repo, v2, tree)[0] == errors.PATCH_FAILED
+    state_file = tree / ".git" / "overlay-rebase" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["steps"][1]["status"] = "not-tried"
+    state_file.write_text(json.dumps(state))
+    code, out = run_json("rebase", *upstream.args(), "--continue", "--tree", str(tree))
+    assert code == errors.PATCH_FAILED and out["stopped_at"] == "0002-c.patch", out
+    assert [p["status"] for p in out["patches"]] == ["clean", "conflict"]
+    log = _git(tree, "log", "--format=%s", "upstream..HEAD").stdout.split("\n")
+    assert log == ["a", ""]  # patch 0001 committed once, 0002 in progress again
+    assert "<<<<<<<" in (tree / "vllm/engine.py").read_text()
