@@ -159,11 +159,16 @@ def test_clean_rebase_exits_zero_and_updates_pin(upstream, history, tmp_path):
     assert proc.returncode == errors.BAD_INPUT and "--force" in proc.stderr
 
 
-def test_target_gone_names_the_rename_and_abort_restores_nothing_written(upstream, history, tmp_path):
-    repo, _v1 = history
+def _patch_a_file_upstream_renames(upstream, repo):
     new_old = _edit(OLD_FILE, "LINE_3 = 3\n", "LINE_3 = 33\n")
     upstream.add_patch("0001-old.patch", file_patch("vllm/old_name.py", OLD_FILE, new_old, "old file"))
     v2 = git_rename(repo, "vllm/old_name.py", "vllm/new_name.py", OLD_FILE + "EXTRA = 1\n", "rename")
+    return v2, new_old
+
+
+def test_target_gone_names_the_rename_and_abort_restores_nothing_written(upstream, history, tmp_path):
+    repo, _v1 = history
+    v2, new_old = _patch_a_file_upstream_renames(upstream, repo)
     tree = tmp_path / "t"
     before = snapshot(upstream.root)
     code, out = _rebase(upstream, repo, v2, tree)
@@ -184,9 +189,7 @@ def test_target_gone_names_the_rename_and_abort_restores_nothing_written(upstrea
 
 def test_target_gone_resolved_by_hand(upstream, history, tmp_path):
     repo, _v1 = history
-    new_old = _edit(OLD_FILE, "LINE_3 = 3\n", "LINE_3 = 33\n")
-    upstream.add_patch("0001-old.patch", file_patch("vllm/old_name.py", OLD_FILE, new_old, "old file"))
-    v2 = git_rename(repo, "vllm/old_name.py", "vllm/new_name.py", OLD_FILE + "EXTRA = 1\n", "rename")
+    v2, new_old = _patch_a_file_upstream_renames(upstream, repo)
     tree = tmp_path / "t"
     assert _rebase(upstream, repo, v2, tree)[0] == errors.PATCH_FAILED
     (tree / "vllm/new_name.py").write_text(new_old + "EXTRA = 1\n")
