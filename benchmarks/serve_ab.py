@@ -43,7 +43,7 @@ MODELS = {
 METRICS = ["output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms"]
 
 
-def _venvs() -> dict[str, Path]:
+def venvs() -> dict[str, Path]:
     dist = ROOT / "build" / "test-dist"
     cmd = [sys.executable, ROOT / "apply.py", "build", "--target", "cpu", "-q", "--json", "--dist", dist]
     build = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -55,7 +55,7 @@ def _venvs() -> dict[str, Path]:
     }
 
 
-def _model(python: Path, name: str) -> Path:
+def build_model(python: Path, name: str) -> Path:
     out = ROOT / "build" / "models" / f"bench-{name}"
     subprocess.run([python, str(ROOT / "tests/support/tiny_model.py"), str(out), *MODELS[name]], check=True)
     return out
@@ -98,8 +98,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
 
-    pythons = _venvs()
-    model = _model(pythons["upstream"], args.model)
+    pythons = venvs()
+    model = build_model(pythons["upstream"], args.model)
     runs: dict[str, list[dict]] = {"upstream": [], "overlay": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

@@ -67,3 +67,39 @@ def tiny_llama(upstream_python) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3(upstream_python) -> Path:
     return _tiny_model(upstream_python, "qwen3")
+
+
+@pytest.fixture(scope="session")
+def models(tiny_llama, tiny_qwen3):
+    return {"llama": tiny_llama, "qwen3": tiny_qwen3}
+
+
+@pytest.fixture(scope="session")
+def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
+    """parity_run(build, engine, async_mode="default", steps=1) -> outputs.
+
+    Runs an engine of tests/support/parity.py ENGINES on a build; each
+    (build, engine, async mode, scheduler steps) starts once per session, so the
+    oracle's outputs are shared by every test that compares against them.
+    """
+    from support.engines import generate
+    from support.parity import ASYNC_MODES, BASE, ENGINES
+
+    done: dict[tuple, dict] = {}
+    tmp = tmp_path_factory.mktemp("parity")
+
+    def _run(build: str, engine: str, async_mode: str = "default", steps: int = 1) -> dict:
+        key = (build, engine, async_mode, steps)
+        if key not in done:
+            model, extra, cases = ENGINES[engine]
+            llm = {**BASE, **extra, "model": str(models[model])}
+            if ASYNC_MODES[async_mode] is not None:
+                llm["async_scheduling"] = ASYNC_MODES[async_mode]
+            if steps != 1:
+                assert build == "overlay", "upstream has no multi-step decode"
+                llm["num_scheduler_steps"] = steps
+            python = upstream_python if build == "upstream" else overlay_python
+            done[key], _log = generate(python, {"llm": llm, "cases": cases}, tmp, "-".join(map(str, key)))
+        return done[key]
+
+    return _run

@@ -10,10 +10,10 @@ SUPPORT = Path(__file__).resolve().parent
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
-def run_env(*cmd, timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+def run_env(*cmd, timeout: int = 600, extra_env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """Run ``cmd`` (a venv's python or console script first) with the test env."""
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **VLLM_ENV}, **kw)  # fmt: skip
+                          env={**os.environ, **VLLM_ENV, **(extra_env or {})}, **kw)  # fmt: skip
 
 
 def generate(python: Path, spec: dict, tmp_path: Path, tag: str) -> tuple[dict, str]:

@@ -8,8 +8,8 @@ Usage: python generate.py SPEC.json OUT.json, where SPEC is
 OUT holds, per case and prompt, each completion's token ids, text, finish
 reason and logprobs, the prompt logprobs, the engine's resolved async
 scheduling setting, and the engine's counters after all cases (preemptions,
-prefix-cache hits, spec-decode acceptance) so tests can show a feature was
-really exercised.
+prefix-cache hits, spec-decode acceptance, engine steps) so tests can show a
+feature was really exercised.
 """
 
 import json
@@ -24,12 +24,14 @@ def _logprobs(entries) -> list | None:
 
 
 def _counters(llm) -> dict[str, float]:
-    from vllm.v1.metrics.reader import Counter, Gauge
+    from vllm.v1.metrics.reader import Counter, Gauge, Histogram
 
     totals: dict[str, float] = {}
     for metric in llm.get_metrics():
         if isinstance(metric, (Counter, Gauge)):
             totals[metric.name] = totals.get(metric.name, 0) + metric.value
+        elif isinstance(metric, Histogram):  # e.g. vllm:iteration_tokens_total_count: engine steps
+            totals[metric.name + "_count"] = totals.get(metric.name + "_count", 0) + metric.count
     return totals
 
 
@@ -41,7 +43,12 @@ def main() -> None:
     llm = LLM(**{"disable_log_stats": False, **spec["llm"]})
     cases = []
     for case in spec["cases"]:
-        results = llm.generate(case["prompts"], SamplingParams(**case["params"]), use_tqdm=False)
+        params = dict(case["params"])
+        if "structured_outputs" in params:  # e.g. {"json": schema}
+            from vllm.sampling_params import StructuredOutputsParams
+
+            params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
+        results = llm.generate(case["prompts"], SamplingParams(**params), use_tqdm=False)
         cases.append(
             [
                 {

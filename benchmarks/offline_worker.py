@@ -1,0 +1,55 @@
+"""Runs inside one build's venv: decode throughput of `vllm.LLM`, or the forward-only time.
+
+Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only]
+Prints one line "RESULT {json}". Throughput: BATCH prompts of 32 token ids,
+OUT_LEN tokens each (ignore_eos, greedy), best and median output tokens/s of
+REPS runs after a warm-up. --forward-only runs the engine in-process and times
+the model's forward passes of full-batch decode steps alone: BATCH / that time
+is the physical limit no scheduling can beat.
+"""
+
+import json
+import statistics
+import sys
+import time
+
+
+def main() -> None:
+    model, kwargs, batch, out_len, reps = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:6])
+    forward_only = "--forward-only" in sys.argv
+    forward_times: list[float] = []
+    if forward_only:
+        from vllm.v1.worker import gpu_model_runner
+
+        original = gpu_model_runner.GPUModelRunner._model_forward
+
+        def timed(self, *args, **kw):
+            start = time.perf_counter()
+            out = original(self, *args, **kw)
+            if kw.get("input_ids") is not None and kw["input_ids"].shape[0] == batch:
+                forward_times.append(time.perf_counter() - start)
+            return out
+
+        gpu_model_runner.GPUModelRunner._model_forward = timed
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0, **kwargs)
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    rates = []
+    for _ in range(reps):
+        forward_times.clear()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
+    result = {"best": max(rates), "median": statistics.median(rates)}
+    if forward_only:
+        result["forward_ms"] = statistics.median(forward_times) * 1000
+        result["forward_limit"] = batch / statistics.median(forward_times)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""OpenAI-client requests and comparisons shared by the server parity tests."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+from support.engines import Server
+
+MODEL = "tiny"
+PROMPTS = ["The quick brown fox", "Once upon a time there was", "Hello world!", "What is the capital of France?"]
+LOGPROB_TOL = 1e-4
+
+
+def client_for(server: Server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def completion(server: Server, stream: bool, **params) -> list[dict]:
+    client = client_for(server)
+    extra = {"return_token_ids": True, **params.pop("extra_body", {})}
+    if not stream:
+        out = client.completions.create(model=MODEL, prompt=PROMPTS, extra_body=extra, **params)
+        return [
+            {
+                "index": c.index,
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "token_ids": getattr(c, "token_ids", None),
+                "logprobs": c.logprobs.top_logprobs if c.logprobs else None,
+            }
+            for c in out.choices
+        ]
+    texts: dict[int, list[str]] = {}
+    finish: dict[int, str | None] = {}
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPTS, stream=True, **params):
+        for c in chunk.choices:
+            texts.setdefault(c.index, []).append(c.text)
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+    return [{"index": i, "text": "".join(t), "finish_reason": finish[i]} for i, t in sorted(texts.items())]
+
+
+def chat(server: Server, stream: bool, **params) -> list[dict]:
+    client = client_for(server)
+    results = []
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        if stream:
+            parts, finish = [], None
+            for chunk in client.chat.completions.create(model=MODEL, messages=messages, stream=True, **params):
+                for c in chunk.choices:
+                    parts.append(c.delta.content or "")
+                    finish = c.finish_reason or finish
+            results.append({"text": "".join(parts), "finish_reason": finish})
+        else:
+            out = client.chat.completions.create(model=MODEL, messages=messages, **params)
+            results.append([{"text": c.message.content, "finish_reason": c.finish_reason} for c in out.choices])
+    return results
+
+
+def assert_same(ours, theirs):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        if isinstance(a, dict) and a.get("logprobs"):
+            la, lb = a.pop("logprobs"), b.pop("logprobs")
+            for pa, pb in zip(la, lb, strict=True):
+                assert pa.keys() == pb.keys()
+                assert all(abs(pa[k] - pb[k]) <= LOGPROB_TOL for k in pa)
+        assert a == b
+
+
+GREEDY = {"temperature": 0.0, "max_tokens": 24}
+SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 11, "max_tokens": 24}
+CASES = {
+    "completion-greedy": (completion, False, GREEDY),
+    "completion-greedy-stream": (completion, True, GREEDY),
+    "completion-seeded": (completion, False, SEEDED),
+    "completion-seeded-stream": (completion, True, SEEDED),
+    "completion-n2": (completion, False, {**SEEDED, "n": 2}),
+    "completion-logprobs": (completion, False, {**GREEDY, "logprobs": 3}),
+    "completion-penalties": (completion, False, {**GREEDY, "presence_penalty": 0.7, "frequency_penalty": 0.7}),
+    "chat-greedy": (chat, False, GREEDY),
+    "chat-seeded-stream": (chat, True, SEEDED),
+}
+
+
+@contextmanager
+def server_pair(upstream_python: Path, overlay_python: Path, model: Path, logs: Path, overlay_args=()):
+    """Upstream's api_server (its `vllm` command cannot start) and the overlay's `vllm serve`."""
+    common = [model, "--dtype", "float32", "--max-model-len", "512", "--served-model-name", MODEL, "--seed", "0"]
+    up = Server([upstream_python, "-m", "vllm.entrypoints.openai.api_server", "--model", *common], logs / "up.log")
+    ours = Server([overlay_python.parent / "vllm", "serve", *common, *overlay_args], logs / "overlay.log")
+    try:
+        up.wait_ready()
+        ours.wait_ready()
+        yield {"upstream": up, "overlay": ours}
+    finally:
+        up.stop()
+        ours.stop()
