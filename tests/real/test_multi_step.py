@@ -64,7 +64,9 @@ def test_windows_really_ran(parity_run, engine, steps, async_mode):
 def test_structured_output_runs_one_step_per_schedule(parity_run):
     """Grammar masks are per step, so structured batches are never windowed."""
     ours, theirs = parity_run("overlay", "structured", "default", 8), parity_run("upstream", "structured")
-    assert ours["counters"][STEPS] == theirs["counters"][STEPS]
+    single = parity_run("overlay", "structured", "default")  # N = 1, same async mode
+    # Windows would cut the step count to about a quarter; async timing moves it by a step or two.
+    assert ours["counters"][STEPS] >= 0.9 * single["counters"][STEPS], (ours["counters"], single["counters"])
     texts = [r["outputs"][0]["text"] for r in theirs["cases"][0]]
     assert all(t.startswith("{") for t in texts), texts  # the grammar constrained the oracle
 
