@@ -78,6 +78,8 @@ def models(tiny_llama, tiny_qwen3):
 def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
     """parity_run(build, engine, async_mode="default", steps=1) -> outputs.
 
+    The outputs carry the engine's log under "engine_log".
+
     Runs an engine of tests/support/parity.py ENGINES on a build; each
     (build, engine, async mode, scheduler steps) starts once per session, so the
     oracle's outputs are shared by every test that compares against them.
@@ -99,7 +101,8 @@ def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
                 assert build == "overlay", "upstream has no multi-step decode"
                 llm["num_scheduler_steps"] = steps
             python = upstream_python if build == "upstream" else overlay_python
-            done[key], _log = generate(python, {"llm": llm, "cases": cases}, tmp, "-".join(map(str, key)))
+            done[key], log = generate(python, {"llm": llm, "cases": cases}, tmp, "-".join(map(str, key)))
+            done[key]["engine_log"] = log
         return done[key]
 
     return _run

@@ -1,4 +1,4 @@
-"""Multi-step decode (patches 0004-0006) against upstream through ``vllm.LLM``.
+"""Multi-step decode (patches 0004-0007) against upstream through ``vllm.LLM``.
 
 The overlay with ``--num-scheduler-steps N`` must give upstream's tokens
 exactly (upstream has no multi-step; its single-step output is the oracle),
@@ -59,6 +59,21 @@ def test_windows_really_ran(parity_run, engine, steps, async_mode):
         assert ours["counters"]["vllm:num_preemptions"] > 0
     if engine == "prefix":
         assert ours["counters"]["vllm:prefix_cache_hits"] > 0
+
+
+@pytest.mark.parametrize(
+    "engine, async_mode", [("llama", "default"), ("llama", "off"), ("qwen3", "default"), ("preempt", "default")]
+)
+def test_lean_inner_steps_ran(parity_run, engine, async_mode):
+    """The N=8 runs compared above went through the lean inner step.
+
+    Inner steps whose batch is unchanged skip the runner's input rebuild
+    (vllm/v1/worker/multi_step_lean.py); the worker logs the first one. The
+    parity of those runs with upstream is therefore the lean step's parity.
+    """
+    ours = parity_run("overlay", engine, async_mode, 8)
+    assert "run as lean steps" in ours["engine_log"]
+    assert "not covered by the lean inner step" not in ours["engine_log"]
 
 
 def test_structured_output_runs_one_step_per_schedule(parity_run):
