@@ -27,7 +27,8 @@ WORKER = ROOT / "benchmarks" / "offline_worker.py"
 
 def _run(python: Path, model: Path, kwargs: dict, args, forward_only: bool = False) -> dict:
     cmd = [python, WORKER, model, json.dumps(kwargs), args.batch, args.out_len, args.reps]
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if forward_only else {}
+    # In-process, as the served worker runs its forward: one thread on one core.
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"} if forward_only else {}
     proc = run_env(*cmd, *(["--forward-only"] if forward_only else []), timeout=3600, extra_env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -64,7 +65,8 @@ def main() -> None:
             print(f"round {r + 1} {name:14} {runs[name][-1]:9.0f} tok/s", flush=True)
         limit = _run(pythons["upstream"], model, {}, args, forward_only=True)
         limits.append(limit["forward_limit"])
-        print(f"round {r + 1} forward-only   {limits[-1]:9.0f} tok/s ({limit['forward_ms']:.3f} ms per forward)")
+        print(f"round {r + 1} forward-only   {limits[-1]:9.0f} tok/s ({limit['forward_ms']:.3f} ms per forward, "
+              f"{limit['forward_threads']} thread(s) on cores {limit['forward_cores']})")  # fmt: skip
     med = {name: statistics.median(v) for name, v in runs.items()}
     limit = statistics.median(limits)
     print(f"\nmodel={args.model} batch={args.batch} out_len={args.out_len} rounds={args.rounds} "

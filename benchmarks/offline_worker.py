@@ -5,10 +5,14 @@ Prints one line "RESULT {json}". Throughput: BATCH prompts of 32 token ids,
 OUT_LEN tokens each (ignore_eos, greedy), best and median output tokens/s of
 REPS runs after a warm-up. --forward-only runs the engine in-process and times
 the model's forward passes of full-batch decode steps alone: BATCH / that time
-is the physical limit no scheduling can beat.
+is the physical limit no scheduling can beat. It runs the forward as the served
+worker does: one torch thread on one core (the multiprocess CPU worker binds
+itself so; in-process the engine would otherwise keep every core), which the
+caller sets with OMP_NUM_THREADS=1 and this script with the CPU affinity.
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -19,6 +23,7 @@ def main() -> None:
     forward_only = "--forward-only" in sys.argv
     forward_times: list[float] = []
     if forward_only:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         from vllm.v1.worker import gpu_model_runner
 
         original = gpu_model_runner.GPUModelRunner._model_forward
@@ -48,6 +53,10 @@ def main() -> None:
     if forward_only:
         result["forward_ms"] = statistics.median(forward_times) * 1000
         result["forward_limit"] = batch / statistics.median(forward_times)
+        import torch
+
+        result["forward_threads"] = torch.get_num_threads()
+        result["forward_cores"] = sorted(os.sched_getaffinity(0))
     print("RESULT " + json.dumps(result), flush=True)
 
 
