@@ -78,11 +78,10 @@ def models(tiny_llama, tiny_qwen3):
 def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
     """parity_run(build, engine, async_mode="default", steps=1) -> outputs.
 
-    The outputs carry the engine's log under "engine_log".
-
     Runs an engine of tests/support/parity.py ENGINES on a build; each
     (build, engine, async mode, scheduler steps) starts once per session, so the
     oracle's outputs are shared by every test that compares against them.
+    The outputs carry the engine's log under "engine_log".
     """
     from support.engines import generate
     from support.parity import ASYNC_MODES, BASE, ENGINES
