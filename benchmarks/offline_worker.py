@@ -9,6 +9,8 @@ is the physical limit no scheduling can beat. It runs the forward as the served
 worker does: one torch thread on one core (the multiprocess CPU worker binds
 itself so; in-process the engine would otherwise keep every core), which the
 caller sets with OMP_NUM_THREADS=1 and this script with the CPU affinity.
+On a CUDA device the forward is timed between device synchronizations (the
+GPU's time, not the launch's) and no affinity is set.
 """
 
 import json
@@ -23,14 +25,20 @@ def main() -> None:
     forward_only = "--forward-only" in sys.argv
     forward_times: list[float] = []
     if forward_only:
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        import torch
+
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+        if not torch.cuda.is_available():
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         from vllm.v1.worker import gpu_model_runner
 
         original = gpu_model_runner.GPUModelRunner._model_forward
 
         def timed(self, *args, **kw):
+            sync()
             start = time.perf_counter()
             out = original(self, *args, **kw)
+            sync()
             if kw.get("input_ids") is not None and kw["input_ids"].shape[0] == batch:
                 forward_times.append(time.perf_counter() - start)
             return out
@@ -38,7 +46,7 @@ def main() -> None:
         gpu_model_runner.GPUModelRunner._model_forward = timed
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0, **kwargs)
+    llm = LLM(**{"model": model, "dtype": "float32", "max_model_len": 1024, "seed": 0, **kwargs})
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
