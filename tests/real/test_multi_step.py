@@ -94,7 +94,7 @@ model = sys.argv[1]
 def resolve(**kw):
     try:
         cfg = EngineArgs(model=model, max_model_len=512, **kw).create_engine_config()
-        return {"steps": cfg.scheduler_config.num_scheduler_steps}
+        return {"steps": cfg.scheduler_config.num_scheduler_steps, "async": cfg.scheduler_config.async_scheduling}
     except Exception as e:  # the message is what a user sees
         return {"error": f"{type(e).__name__}: {e}"}
 print("RESULT" + json.dumps({
@@ -104,8 +104,12 @@ print("RESULT" + json.dumps({
     "disagree": resolve(num_scheduler_steps=2, additional_config={"multi_step": 4}),
     "zero": resolve(num_scheduler_steps=0),
     "alias_bad": resolve(additional_config={"multi_step": "eight"}),
-    "spec": resolve(num_scheduler_steps=4, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                                                               "prompt_lookup_max": 2}),
+    "ngram": resolve(num_scheduler_steps=4, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                                                "prompt_lookup_max": 2}),
+    "draft": resolve(num_scheduler_steps=4, speculative_config={"method": "draft_model", "model": model,
+                                                                "num_speculative_tokens": 2}),
+    "ngram_gpu": resolve(num_scheduler_steps=4, speculative_config={"method": "ngram_gpu", "num_speculative_tokens": 2,
+                                                                    "prompt_lookup_max": 2}),
 }))
 """
 
@@ -116,13 +120,16 @@ def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
     proc = run_env(overlay_python, script, tiny_llama)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     got = json.loads(proc.stdout.split("RESULT", 1)[1])
-    assert got["flag"] == {"steps": 4}
-    assert got["alias"] == {"steps": 3}
-    assert got["both_agree"] == {"steps": 3}
+    assert got["flag"]["steps"] == 4
+    assert got["alias"]["steps"] == 3
+    assert got["both_agree"]["steps"] == 3
     assert "disagree" in got["disagree"]["error"]
     assert "num_scheduler_steps" in got["zero"]["error"] and "greater than or equal to 1" in got["zero"]["error"]
     assert "must be an integer" in got["alias_bad"]["error"]
-    assert "speculative decoding" in got["spec"]["error"]
+    # Drafts inside windows (patch 0008): ngram and draft models, with async scheduling off
+    assert got["ngram"] == {"steps": 4, "async": False}
+    assert got["draft"] == {"steps": 4, "async": False}
+    assert "ngram_gpu speculative decoding" in got["ngram_gpu"]["error"]
 
 
 def test_serve_flag_rejects_a_bad_value_before_loading(overlay_python, tiny_llama):

@@ -5,8 +5,9 @@ scheduler, prefix caching, input batch, multiproc executor, ngram) with the
 installed vLLM, and with STRICT_COUNTS=1 fails unless each file passes exactly
 as many tests as it does on unpatched upstream 0.32.0 (161/19/173/14/6/2; the
 llava-dependent tests in deselect.txt cannot run on either). It also runs the
-overlay's own scheduler tests in upstream's style, carried by patch 0005
-(tests/v1/core/test_multi_step_scheduler.py, 39 tests).
+overlay's own scheduler tests in upstream's style, carried by patches 0005 and
+0008 (tests/v1/core/test_multi_step_scheduler.py, 39 tests;
+tests/v1/core/test_multi_step_spec.py, 10 tests).
 """
 
 import os

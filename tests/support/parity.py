@@ -122,9 +122,9 @@ ENGINES = {
 ASYNC_MODES = {"default": None, "off": False}
 
 
-def assert_same_outputs(ours: dict, theirs: dict, engine: str) -> None:
-    """Token-for-token equality, with a readable first difference."""
-    cases = ENGINES[engine][2]
+def assert_same_outputs(ours: dict, theirs: dict, engine: str = "", cases: list | None = None) -> None:
+    """Token-for-token equality, with a readable first difference (cases: the engine's by default)."""
+    cases = ENGINES[engine][2] if cases is None else cases
     for case, (our_case, their_case) in zip(cases, zip(ours["cases"], theirs["cases"], strict=True), strict=True):
         for i, (a, b) in enumerate(zip(our_case, their_case, strict=True)):
             where = f"{engine} {case['params']} prompt {i}"

@@ -144,10 +144,17 @@ def build_model(
     dtype: str = "float32",
     init_std: float = 0.5,
     eos_scale: float = 2.0,
+    perturb: float = 0.0,
 ) -> Path:
-    """Build (or reuse) the tiny checkpoint in out_dir and return its path."""
+    """Build (or reuse) the tiny checkpoint in out_dir and return its path.
+
+    perturb > 0 adds seeded noise (that fraction of init_std) to the weights
+    of the model `seed` gives: a draft model that agrees with it only often.
+    """
     # All arguments except out_dir, captured before any other local exists.
     params = {k: v for k, v in locals().items() if k != "out_dir"}
+    if not perturb:
+        del params["perturb"]  # checkpoints built before the option stay valid
     params["recipe"] = RECIPE_VERSION
     out = Path(out_dir).resolve()
     marker = out / MARKER
@@ -173,6 +180,10 @@ def build_model(
                     w.fill_(1.0)  # RMSNorm weights (Llama/Qwen3 have no biases)
                 else:
                     w.copy_(torch.randn(w.shape, generator=gen) * init_std)
+            noise = torch.Generator().manual_seed(seed + 1)
+            for _, w in sorted(model.named_parameters()) if perturb else ():
+                if w.ndim > 1:
+                    w.add_(torch.randn(w.shape, generator=noise) * init_std * perturb)
             # Zero the output rows of specials (except EOS) and of non-printable
             # byte tokens: their logit is ~0 while others spread widely, so greedy
             # text is readable ASCII without stray <s> or U+FFFD.

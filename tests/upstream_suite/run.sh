@@ -32,9 +32,11 @@ FILES=(
   tests/v1/executor/test_multiproc_executor.py
   tests/v1/spec_decode/test_ngram.py
   tests/v1/core/test_multi_step_scheduler.py
+  tests/v1/core/test_multi_step_spec.py
 )
 # passes on upstream 0.32.0 CPU with this script (informational unless STRICT_COUNTS=1);
-# test_multi_step_scheduler.py is the overlay's own (patch 0005), in upstream's style
+# test_multi_step_scheduler.py and test_multi_step_spec.py are the overlay's own
+# (patches 0005 and 0008), in upstream's style
 declare -A EXPECT=(
   [tests/v1/core/test_scheduler.py]=161
   [tests/v1/core/test_async_scheduler.py]=19
@@ -43,6 +45,7 @@ declare -A EXPECT=(
   [tests/v1/executor/test_multiproc_executor.py]=6
   [tests/v1/spec_decode/test_ngram.py]=2
   [tests/v1/core/test_multi_step_scheduler.py]=39
+  [tests/v1/core/test_multi_step_spec.py]=10
 )
 
 # Deselected (deselect.txt): tests that need the llava hub model; see there.
