@@ -46,7 +46,9 @@ def main() -> None:
         gpu_model_runner.GPUModelRunner._model_forward = timed
     from vllm import LLM, SamplingParams
 
-    llm = LLM(**{"model": model, "dtype": "float32", "max_model_len": 1024, "seed": 0, **kwargs})
+    spec = "speculative_config" in kwargs  # then also report the acceptance (engine stats on)
+    llm = LLM(**{"model": model, "dtype": "float32", "max_model_len": 1024, "seed": 0, **kwargs}
+              | ({"disable_log_stats": False} if spec else {}))  # fmt: skip
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
@@ -58,6 +60,12 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
     result = {"best": max(rates), "median": statistics.median(rates)}
+    if spec:
+        totals = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+        drafts = totals.get("vllm:spec_decode_num_drafts", 0)
+        accepted = totals.get("vllm:spec_decode_num_accepted_tokens", 0)
+        # Tokens per verified step: the bonus token plus the accepted drafts.
+        result["acceptance_length"] = 1 + accepted / drafts if drafts else None
     if forward_only:
         result["forward_ms"] = statistics.median(forward_times) * 1000
         result["forward_limit"] = batch / statistics.median(forward_times)

@@ -10,11 +10,20 @@ and the KV cache must be empty again.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support.serve_cases import CASES, GREEDY, MODEL, PROMPTS, assert_same, client_for, completion, server_pair
+from support.serve_cases import (
+    CASES,
+    GREEDY,
+    MODEL,
+    PROMPTS,
+    assert_disconnect_frees_the_request,
+    assert_same,
+    client_for,
+    completion,
+    server_pair,
+)
 
 STEPS = 8
 
@@ -70,18 +79,4 @@ def test_requests_arriving_mid_window(servers):
 
 
 def test_client_disconnect_mid_window(servers):
-    overlay = servers["overlay"]
-    generated_before = overlay.metric("vllm:generation_tokens_total")
-    stream = client_for(overlay).completions.create(
-        model=MODEL, prompt=PROMPTS[0], stream=True, max_tokens=400, temperature=0, extra_body={"ignore_eos": True}
-    )
-    for i, _chunk in enumerate(stream):
-        if i == 3:
-            break
-    stream.close()
-    deadline = time.monotonic() + 60
-    while overlay.metric("vllm:num_requests_running") > 0 or overlay.metric("vllm:kv_cache_usage_perc") > 0:
-        assert time.monotonic() < deadline, "the aborted request kept running or kept its KV blocks"
-        time.sleep(0.5)
-    assert overlay.metric("vllm:generation_tokens_total") - generated_before < 400
-    assert_same(completion(overlay, False, **GREEDY), completion(servers["upstream"], False, **GREEDY))
+    assert_disconnect_frees_the_request(servers["overlay"], servers["upstream"], PROMPTS[0])

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 from support.cli import ROOT
 from support.engines import generate
 from support.parity import BASE, CASES, ENGINES, PROMPTS, REPETITIVE, assert_same_outputs
-from support.serve_cases import GREEDY, MODEL, assert_same, client_for, completion, server_pair
+from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, assert_same, completion, server_pair
 
 SPEC_CASES = [
     {"prompts": REPETITIVE + PROMPTS, "params": {**CASES["greedy"], "max_tokens": 48}},
@@ -119,18 +118,4 @@ def test_served_spec_windows_match_upstream(spec_servers, stream):
 
 
 def test_abort_during_spec_windows(spec_servers):
-    overlay = spec_servers["overlay"]
-    generated_before = overlay.metric("vllm:generation_tokens_total")
-    stream = client_for(overlay).completions.create(
-        model=MODEL, prompt=REPETITIVE[0], stream=True, max_tokens=400, temperature=0, extra_body={"ignore_eos": True}
-    )
-    for i, _chunk in enumerate(stream):
-        if i == 3:
-            break
-    stream.close()
-    deadline = time.monotonic() + 60
-    while overlay.metric("vllm:num_requests_running") > 0 or overlay.metric("vllm:kv_cache_usage_perc") > 0:
-        assert time.monotonic() < deadline, "the aborted request kept running or kept its KV blocks"
-        time.sleep(0.5)
-    assert overlay.metric("vllm:generation_tokens_total") - generated_before < 400
-    assert_same(completion(overlay, False, **GREEDY), completion(spec_servers["upstream"], False, **GREEDY))
+    assert_disconnect_frees_the_request(spec_servers["overlay"], spec_servers["upstream"], REPETITIVE[0])

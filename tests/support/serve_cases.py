@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -99,3 +100,22 @@ def server_pair(upstream_python: Path, overlay_python: Path, model: Path, logs: 
     finally:
         up.stop()
         ours.stop()
+
+
+def assert_disconnect_frees_the_request(overlay: Server, upstream: Server, prompt: str) -> None:
+    """A client leaves a 400-token stream after 3 chunks: the request stops, no later token is
+    counted, its KV blocks are freed, and the next answer is still upstream's."""
+    generated_before = overlay.metric("vllm:generation_tokens_total")
+    stream = client_for(overlay).completions.create(
+        model=MODEL, prompt=prompt, stream=True, max_tokens=400, temperature=0, extra_body={"ignore_eos": True}
+    )
+    for i, _chunk in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 60
+    while overlay.metric("vllm:num_requests_running") > 0 or overlay.metric("vllm:kv_cache_usage_perc") > 0:
+        assert time.monotonic() < deadline, "the aborted request kept running or kept its KV blocks"
+        time.sleep(0.5)
+    assert overlay.metric("vllm:generation_tokens_total") - generated_before < 400
+    assert_same(completion(overlay, False, **GREEDY), completion(upstream, False, **GREEDY))
