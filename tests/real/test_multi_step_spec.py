@@ -4,11 +4,17 @@ The oracle is upstream vLLM 0.32.0 *without* speculative decoding: with greedy
 sampling, drafts may only change speed, never tokens. The overlay runs
 ``--num-scheduler-steps N`` with drafts from ngram (non-uniform: requests
 without a match get none), a draft model equal to the target (every draft
-accepted) and a noisy draft model (its weights perturbed: some drafts accepted,
+accepted), a noisy draft model (its weights perturbed: some drafts accepted,
 most rejected, so every window has steps whose rejected positions must be
-given back). Each run must show drafts proposed and accepted (not vacuous),
-far fewer engine steps than upstream (windows ran) and an empty KV cache after
-it; one run forces preemption, and a served request is aborted mid-window.
+given back), an EAGLE head (drafts from the target's hidden states; about one
+draft in five accepted) and a target with its own MTP layer (MiMo layout, run
+through the same proposer; about one draft in three accepted).
+Each run must show drafts proposed and accepted (not vacuous), far fewer engine
+steps than upstream (windows ran) and an empty KV cache after it; one run
+forces preemption, and a served request is aborted mid-window. A second oracle,
+upstream running the same drafter without windows, must draft and accept
+exactly as many tokens: each inner step hands its drafter what a single step
+would.
 """
 
 from __future__ import annotations
@@ -37,36 +43,57 @@ RUNS = {
     "noisy-N2": ("noisy", 2, {}, SPEC_CASES),
     "noisy-N4": ("noisy", 4, {}, SPEC_CASES),
     "noisy-N4-preempt": ("noisy", 4, ENGINES["preempt"][1], ENGINES["preempt"][2][:1]),
+    "eagle-N2": ("eagle", 2, {}, SPEC_CASES),
+    "eagle-N4": ("eagle", 4, {}, SPEC_CASES),
+    "mtp-N2": ("mtp", 2, {}, SPEC_CASES),
+    "mtp-N4": ("mtp", 4, {}, SPEC_CASES),
 }
 STEPS = "vllm:iteration_tokens_total_count"
 
 
 @pytest.fixture(scope="module")
 def drafters(tiny_llama, upstream_python, tmp_path_factory):
-    noisy = tmp_path_factory.mktemp("models") / "tiny-llama-noisy"
-    build = [upstream_python, ROOT / "tests/support/tiny_model.py", noisy, "--perturb", "0.05"]
-    subprocess.run([str(c) for c in build], check=True, capture_output=True)
+    """drafter name -> (speculative config, target model)."""
+    models = tmp_path_factory.mktemp("models")
+    noisy, eagle, mtp = models / "tiny-llama-noisy", models / "tiny-llama-eagle", models / "tiny-mimo-mtp"
+    for build in (
+        ["tiny_model.py", noisy, "--perturb", "0.05"],
+        ["tiny_eagle.py", tiny_llama, eagle],
+        ["tiny_mtp.py", mtp],
+    ):
+        cmd = [upstream_python, ROOT / "tests/support" / build[0], *build[1:]]
+        subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
     return {
-        "ngram": NGRAM,
-        "self": {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3},
-        "noisy": {"method": "draft_model", "model": str(noisy), "num_speculative_tokens": 3},
+        "ngram": (NGRAM, tiny_llama),
+        "self": ({"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}, tiny_llama),
+        "noisy": ({"method": "draft_model", "model": str(noisy), "num_speculative_tokens": 3}, tiny_llama),
+        "eagle": ({"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3}, tiny_llama),
+        "mtp": ({"method": "mtp", "num_speculative_tokens": 3}, mtp),  # the target's own MTP layer
     }
 
 
 @pytest.fixture(scope="module")
-def spec_run(tiny_llama, upstream_python, overlay_python, drafters, tmp_path_factory):
-    """spec_run(name) -> (overlay outputs, upstream outputs without drafts), each run once."""
+def spec_run(upstream_python, overlay_python, drafters, tmp_path_factory):
+    """spec_run(name) -> (overlay outputs, upstream outputs without drafts, overlay log), each run once.
+
+    spec_run(name, upstream_drafts=True) gives upstream's outputs with the same
+    drafter and no windows in the second place.
+    """
     tmp = tmp_path_factory.mktemp("spec")
     done: dict = {}
 
-    def _run(name: str):
+    def _run(name: str, upstream_drafts: bool = False):
         drafter, steps, overrides, cases = RUNS[name]
-        llm = {**BASE, **overrides, "model": str(tiny_llama)}
-        oracle_key = repr((overrides, cases))
+        spec_config, target = drafters[drafter]
+        llm = {**BASE, **overrides, "model": str(target)}
+        if upstream_drafts:
+            llm["speculative_config"] = spec_config
+        oracle_key = repr((llm, cases))
         if oracle_key not in done:
             done[oracle_key], _ = generate(upstream_python, {"llm": llm, "cases": cases}, tmp, f"up-{len(done)}")
+        llm.pop("speculative_config", None)
         if name not in done:
-            spec = {**llm, "num_scheduler_steps": steps, "speculative_config": drafters[drafter]}
+            spec = {**llm, "num_scheduler_steps": steps, "speculative_config": spec_config}
             done[name], done[name + "-log"] = generate(overlay_python, {"llm": spec, "cases": cases}, tmp, name)
         return done[name], done[oracle_key], done[name + "-log"]
 
@@ -90,15 +117,35 @@ def test_spec_windows_match_upstream_without_drafts(spec_run, name):
         assert counters[STEPS] < 0.6 * theirs["counters"][STEPS], (counters[STEPS], theirs["counters"][STEPS])
 
 
-def test_drafts_are_partly_rejected_with_the_noisy_drafter(spec_run):
-    """The noisy drafter's windows have rejections (the positions to give back) and acceptances."""
-    counters = spec_run("noisy-N4")[0]["counters"]
-    drafted, accepted = counters["vllm:spec_decode_num_draft_tokens"], counters["vllm:spec_decode_num_accepted_tokens"]
+def drafted_and_accepted(outputs: dict) -> tuple[int, int]:
+    counters = outputs["counters"]
+    return counters["vllm:spec_decode_num_draft_tokens"], counters["vllm:spec_decode_num_accepted_tokens"]
+
+
+@pytest.mark.parametrize("name", ["noisy-N4", "eagle-N4", "mtp-N4"])
+def test_drafts_are_partly_rejected(spec_run, name):
+    """These drafters' windows have rejections (the positions to give back) and acceptances."""
+    drafted, accepted = drafted_and_accepted(spec_run(name)[0])
     assert 0.05 < accepted / drafted < 0.9, (accepted, drafted)
-    assert (
-        spec_run("self-N4")[0]["counters"]["vllm:spec_decode_num_accepted_tokens"]
-        == (spec_run("self-N4")[0]["counters"]["vllm:spec_decode_num_draft_tokens"])
-    )  # the target as its own draft: every draft accepted
+
+
+def test_the_target_as_its_own_draft_has_every_draft_accepted(spec_run):
+    drafted, accepted = drafted_and_accepted(spec_run("self-N4")[0])
+    assert accepted == drafted
+
+
+@pytest.mark.parametrize("name", ["ngram-N4", "self-N4", "noisy-N4", "eagle-N4", "mtp-N4"])
+def test_windows_draft_and_accept_as_single_steps_do(spec_run, name):
+    """Upstream with the same drafter and no windows drafts and accepts exactly as many tokens.
+
+    Greedy drafts depend only on each request's tokens (and, for EAGLE and MTP,
+    the target's hidden states), so a window that fed its drafter a wrong
+    start, a stale token or the wrong hidden-state rows would change these
+    counts, even where the output tokens stay right (drafts only change speed).
+    """
+    ours, upstream_spec, _ = spec_run(name, upstream_drafts=True)
+    assert_same_outputs(ours, upstream_spec, cases=RUNS[name][3])
+    assert drafted_and_accepted(ours) == drafted_and_accepted(upstream_spec)
 
 
 @pytest.fixture(scope="module")
