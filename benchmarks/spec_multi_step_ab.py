@@ -7,7 +7,10 @@ the overlay with drafts and --num-scheduler-steps N. Reports median output
 tokens/s, ratios to upstream and to spec alone, and the acceptance length
 (tokens per verified step: 1 + accepted drafts / drafting steps).
 Drafters: the target as its own draft model ("self", every draft accepted), a
-noisy copy of it ("noisy", weights perturbed by 5% of their init std), ngram.
+noisy copy of it ("noisy", weights perturbed by 5% of their init std), ngram,
+an EAGLE head built from the target (tests/support/tiny_eagle.py), and "mtp":
+a one-layer target with its own MTP layer (tests/support/tiny_mtp.py), which
+then replaces the tiny model as the target of all configurations.
 
   .tool-venv/bin/python benchmarks/spec_multi_step_ab.py --drafter self --rounds 2
 """
@@ -24,20 +27,32 @@ from multi_step_ab import _run
 from serve_ab import ROOT, build_model, venvs
 
 
-def _drafter(name: str, python: Path, model: Path, k: int) -> dict:
+def _built(python: Path, script: str, *args: object) -> None:
+    cmd = [python, ROOT / "tests/support" / script, *args]
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+
+
+def _drafter(name: str, python: Path, model: Path, k: int) -> tuple[dict, Path]:
+    """The speculative config for a drafter, and the target model to run it with."""
+    models = ROOT / "build" / "models"
     if name == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}, model
+    if name == "eagle":
+        _built(python, "tiny_eagle.py", model, models / "bench-tiny-eagle")
+        return {"method": "eagle", "model": str(models / "bench-tiny-eagle"), "num_speculative_tokens": k}, model
+    if name == "mtp":
+        _built(python, "tiny_mtp.py", models / "bench-tiny-mtp")
+        return {"method": "mtp", "num_speculative_tokens": k}, models / "bench-tiny-mtp"
+    draft = model
     if name == "noisy":
-        noisy = ROOT / "build" / "models" / "bench-tiny-noisy"
-        cmd = [python, ROOT / "tests/support/tiny_model.py", noisy, "--perturb", "0.05"]
-        subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
-        model = noisy
-    return {"method": "draft_model", "model": str(model), "num_speculative_tokens": k}
+        draft = models / "bench-tiny-noisy"
+        _built(python, "tiny_model.py", draft, "--perturb", "0.05")
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}, model
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", choices=["self", "noisy", "ngram"], default="self")
+    ap.add_argument("--drafter", choices=["self", "noisy", "ngram", "eagle", "mtp"], default="self")
     ap.add_argument("--k", type=int, default=3, help="drafts per step")
     ap.add_argument("--steps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--rounds", type=int, default=2)
@@ -49,7 +64,8 @@ def main() -> None:
 
     pythons = venvs()
     model = build_model(pythons["upstream"], "tiny")
-    spec = {"speculative_config": _drafter(args.drafter, pythons["upstream"], model, args.k)}
+    spec_config, model = _drafter(args.drafter, pythons["upstream"], model, args.k)
+    spec = {"speculative_config": spec_config}
     configs = {"upstream": (pythons["upstream"], {}), "upstream spec": (pythons["upstream"], spec)}
     for n in args.steps:
         configs[f"overlay spec N={n}"] = (pythons["overlay"], {**spec, "num_scheduler_steps": n})

@@ -32,10 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
-from tiny_model import MARKER, _swap_into_place
+from tiny_model import MARKER, building, is_built
 
 RECIPE_VERSION = 1
 
@@ -49,7 +48,7 @@ def build_eagle(target_dir: str | Path, out_dir: str | Path, hidden_mix: float =
         "seed": seed,
         "target": json.loads((target_dir / MARKER).read_text()),
     }
-    if (out / MARKER).is_file() and json.loads((out / MARKER).read_text()) == params:
+    if is_built(out, params):
         return out
 
     import torch
@@ -68,19 +67,12 @@ def build_eagle(target_dir: str | Path, out_dir: str | Path, hidden_mix: float =
         if name.startswith("model.layers.") and name != "model.layers.0.input_layernorm.weight":
             head[name.removeprefix("model.")] = w  # EAGLE's first layer has no input norm
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with building(out, params) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         save_file({k: v.contiguous() for k, v in head.items()}, str(tmp / "model.safetensors"))
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (target_dir / name).is_file():
                 shutil.copy(target_dir / name, tmp / name)
-        (tmp / MARKER).write_text(json.dumps(params, indent=2, sort_keys=True))
-        tmp.chmod(0o755)  # mkdtemp creates 0700; readers may run as another user
-        _swap_into_place(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -10,6 +10,7 @@ Usage: python tests/support/tiny_model.py OUT_DIR [--arch llama|qwen3] [...]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -17,6 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
@@ -157,16 +161,13 @@ def build_model(
         del params["perturb"]  # checkpoints built before the option stay valid
     params["recipe"] = RECIPE_VERSION
     out = Path(out_dir).resolve()
-    marker = out / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == params:
-        return out  # already built with identical parameters
+    if is_built(out, params):
+        return out
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with building(out, params) as tmp:
         tok = build_tokenizer(tmp, model_max_length=max_position_embeddings)
         cfg = _make_config(tok, params)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -199,12 +200,30 @@ def build_model(
         model = model.to(getattr(torch, dtype))
         model.generation_config.do_sample = False
         model.save_pretrained(str(tmp), safe_serialization=True)
+    return out
+
+
+def is_built(out: Path, params: dict) -> bool:
+    """Whether out holds a checkpoint built with exactly these parameters."""
+    marker = out / MARKER
+    return marker.is_file() and json.loads(marker.read_text()) == params
+
+
+@contextlib.contextmanager
+def building(out: Path, params: dict) -> Iterator[Path]:
+    """Yield a scratch dir beside out; when the body succeeds, mark it and swap it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
         (tmp / MARKER).write_text(json.dumps(params, indent=2, sort_keys=True))
-        tmp.chmod(0o755)  # mkdtemp creates 0700; readers may run as another user
+        # mkdtemp creates 0700 and safetensors writes 0600; readers may run as another user.
+        for f in tmp.iterdir():
+            f.chmod(0o644 if f.is_file() else 0o755)
+        tmp.chmod(0o755)
         _swap_into_place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

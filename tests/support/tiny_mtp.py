@@ -46,7 +46,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tiny_model import MARKER, _swap_into_place, build_model
+from tiny_model import MARKER, build_model, building, is_built
 from tiny_model import RECIPE_VERSION as TARGET_RECIPE
 
 RECIPE_VERSION = 1
@@ -59,17 +59,15 @@ def build_mtp(out_dir: str | Path, hidden_mix: float = 0.002, seed: int = 0) -> 
     out = Path(out_dir).resolve()
     params = {"recipe": RECIPE_VERSION, "hidden_mix": hidden_mix, "seed": seed, "target": TARGET}
     params["target_recipe"] = TARGET_RECIPE  # rebuild when tiny_model's recipe changes
-    if (out / MARKER).is_file() and json.loads((out / MARKER).read_text()) == params:
+    if is_built(out, params):
         return out
 
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import Qwen2Config
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        llama = build_model(tmp / "llama", arch="llama", seed=seed, **TARGET)
+    with tempfile.TemporaryDirectory() as scratch, building(out, params) as model_dir:
+        llama = build_model(Path(scratch) / "llama", arch="llama", seed=seed, **TARGET)
         src = json.loads((llama / "config.json").read_text())
         weights = load_file(str(llama / "model.safetensors"))
         hidden, head_dim = src["hidden_size"], src["head_dim"]
@@ -122,20 +120,11 @@ def build_mtp(out_dir: str | Path, hidden_mix: float = 0.002, seed: int = 0) -> 
         for name in [n for n in weights if n.startswith("model.layers.0.")]:
             weights[mtp + name.removeprefix("model.layers.0.")] = weights[name].clone()
 
-        model_dir = tmp / "model"
-        model_dir.mkdir()
         config.save_pretrained(str(model_dir))
         save_file({k: v.contiguous() for k, v in sorted(weights.items())}, str(model_dir / "model.safetensors"))
         for f in llama.iterdir():
             if f.name not in ("config.json", "model.safetensors", MARKER) and f.is_file():
                 shutil.copy(f, model_dir / f.name)
-        (model_dir / MARKER).write_text(json.dumps(params, indent=2, sort_keys=True))
-        for f in model_dir.iterdir():
-            f.chmod(0o644)  # safetensors writes 0600; readers may run as another user
-        model_dir.chmod(0o755)
-        _swap_into_place(model_dir, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
