@@ -7,8 +7,8 @@ the results) and writing $OUT/results.json as its jobs end:
             (tests/support/generate.py): upstream (async scheduling on, the GPU
             default) is the oracle; overlay runs (RUNS below) are compared token
             for token with it
-  bench     tiny model, batch 32, 256 greedy tokens: upstream vs overlay N=8 in
-            alternating rounds, and the forward-only limit (the decode forward
+  bench     tiny model, batch 32, 256 greedy tokens: upstream vs overlay N=8
+            (one round per call; more calls give more rounds), and the forward-only limit (the decode forward
             alone between device synchronizations), eager and with CUDA graphs
   smoke     (only when asked) both builds import and name themselves
 Both builds run the Python code of their CUDA wheels with the same settings

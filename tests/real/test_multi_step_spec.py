@@ -86,12 +86,10 @@ def spec_run(upstream_python, overlay_python, drafters, tmp_path_factory):
         drafter, steps, overrides, cases = RUNS[name]
         spec_config, target = drafters[drafter]
         llm = {**BASE, **overrides, "model": str(target)}
-        if upstream_drafts:
-            llm["speculative_config"] = spec_config
-        oracle_key = repr((llm, cases))
+        oracle = {**llm, "speculative_config": spec_config} if upstream_drafts else llm
+        oracle_key = repr((oracle, cases))
         if oracle_key not in done:
-            done[oracle_key], _ = generate(upstream_python, {"llm": llm, "cases": cases}, tmp, f"up-{len(done)}")
-        llm.pop("speculative_config", None)
+            done[oracle_key], _ = generate(upstream_python, {"llm": oracle, "cases": cases}, tmp, f"up-{len(done)}")
         if name not in done:
             spec = {**llm, "num_scheduler_steps": steps, "speculative_config": spec_config}
             done[name], done[name + "-log"] = generate(overlay_python, {"llm": spec, "cases": cases}, tmp, name)

@@ -20,8 +20,9 @@ constructed from the target instead:
   positive scale does not change a greedy argmax.
 
 What the head lacks is token 0 (never an EAGLE input) and the exact residual
-scale, so about two drafts in three agree with the target: variable acceptance,
-which is what a test of spec decoding needs. The checkpoint has vLLM's
+scale, so only some drafts agree with the target (simulated on greedy text:
+about half of the first drafts; in vLLM with k = 3, about one draft in five is
+accepted): variable acceptance, which is what a test of spec decoding needs. The checkpoint has vLLM's
 EAGLE-Llama layout (`embed_tokens`, `fc`, `layers.*`, no lm_head).
 
 Usage: python tests/support/tiny_eagle.py TARGET_DIR OUT_DIR [--hidden-mix X]

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 # Bump when the recipe changes so cached checkpoints are rebuilt.
