@@ -8,7 +8,7 @@ the results) and writing $OUT/results.json as its jobs end:
             default) is the oracle; overlay runs (RUNS below) are compared token
             for token with it
   bench     tiny model, batch 32, 256 greedy tokens: upstream vs overlay N=8
-            (one round per call; more calls give more rounds), and the forward-only limit (the decode forward
+            (CHECK_ROUNDS rounds, alternating order), and the forward-only limit (the decode forward
             alone between device synchronizations), eager and with CUDA graphs
   smoke     (only when asked) both builds import and name themselves
 Both builds run the Python code of their CUDA wheels with the same settings
@@ -43,6 +43,8 @@ START = time.monotonic()
 DEADLINE = START + float(os.environ.get("CHECK_BUDGET_S", "330"))
 # Parity may use this share of the budget; the benchmark gets the rest.
 PARITY_SHARE = float(os.environ.get("CHECK_PARITY_SHARE", "0.45"))
+# Benchmark rounds per mode (upstream and N=8 alternate order each round).
+ROUNDS = int(os.environ.get("CHECK_ROUNDS", "1"))
 
 # The same engine settings for both builds, chosen so that no compiled vLLM
 # kernel is reached (see the audit notes in README.md):
@@ -302,8 +304,8 @@ def main() -> None:
         ("facts", stage_facts),
         ("smoke", stage_smoke),
         ("parity", stage_parity),
-        ("bench eager", lambda: stage_bench("eager", {"enforce_eager": True}, 1)),
-        ("bench graphs", lambda: stage_bench("cudagraphs", GRAPHS, 1)),
+        ("bench eager", lambda: stage_bench("eager", {"enforce_eager": True}, ROUNDS)),
+        ("bench graphs", lambda: stage_bench("cudagraphs", GRAPHS, ROUNDS)),
     ]
     log(f"device_check: budget {DEADLINE - START:.0f} s, stages {_wanted()}")
     for name, stage in stages:
