@@ -5,6 +5,8 @@ so they do not share the 2 cores), and `vllm bench serve` (random dataset,
 --ignore-eos) measures output tokens/s, TTFT, TPOT and ITL. Builds alternate
 A B A B ... for --rounds rounds; the report gives per-build medians and the
 overlay/upstream ratios, since absolute numbers on a shared machine are noisy.
+Each run also reports the cores in use while the benchmark ran (cpu_use.py):
+the whole machine, each server process, and the rest (mostly the client).
 
 Usage (from the repo root, after `python3 apply.py test` created the venvs,
 or it creates them):
@@ -27,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from cpu_use import CpuMonitor  # noqa: E402
 from support.engines import Server, run_env  # noqa: E402
 from support.venvs import vllm_venv  # noqa: E402
 
@@ -71,16 +74,18 @@ def _serve_and_bench(build: str, python: Path, overlay_python: Path, model: Path
     try:
         server.wait_ready()
         result = tmp / f"{build}.json"
-        bench = run_env(
-            overlay_python.parent / "vllm", "bench", "serve", "--base-url", server.base, "--model", "m",
-            "--tokenizer", model, "--dataset-name", "random", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-            "--max-concurrency", str(args.concurrency), "--request-rate", args.request_rate, "--ignore-eos",
-            "--seed", "0", "--save-result", "--result-dir", tmp, "--result-filename", result.name, timeout=3600,
-        )  # fmt: skip
+        with CpuMonitor(server.proc.pid) as cpu:
+            bench = run_env(
+                overlay_python.parent / "vllm", "bench", "serve", "--base-url", server.base, "--model", "m",
+                "--tokenizer", model, "--dataset-name", "random", "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+                "--max-concurrency", str(args.concurrency), "--request-rate", args.request_rate, "--ignore-eos",
+                "--seed", "0", "--save-result", "--result-dir", tmp, "--result-filename", result.name, timeout=3600,
+            )  # fmt: skip
         if bench.returncode != 0:
             raise RuntimeError(bench.stdout[-3000:] + bench.stderr[-3000:])
-        return json.loads(result.read_text())
+        res = json.loads(result.read_text())
+        return res | {"cpu": cpu.usage(res["duration"])}  # the request phase
     finally:
         server.stop()
 
@@ -105,8 +110,9 @@ def main() -> None:
         for r in range(args.rounds):
             for build in ("upstream", "overlay") if r % 2 == 0 else ("overlay", "upstream"):
                 res = _serve_and_bench(build, pythons[build], pythons["overlay"], model, args, Path(tmp))
-                runs[build].append({k: res[k] for k in METRICS})
+                runs[build].append({k: res[k] for k in METRICS} | {"cpu": res["cpu"]})
                 print(f"round {r + 1} {build:8}: " + "  ".join(f"{k}={res[k]:.2f}" for k in METRICS), flush=True)
+                print(f"    cores used: {json.dumps(res['cpu'])}", flush=True)
     med = {b: {k: statistics.median(run[k] for run in rs) for k in METRICS} for b, rs in runs.items()}
     print(f"\nmodel={args.model} prompts={args.num_prompts} concurrency={args.concurrency} "
           f"in={args.input_len} out={args.output_len} rate={args.request_rate} rounds={args.rounds}")  # fmt: skip

@@ -1,0 +1,124 @@
+"""Where the worker's wall time goes during offline decode: a sampling profile.
+
+Runs benchmarks/offline_worker.py (tiny model, batch 32, 256 greedy tokens,
+many timed runs) in one build's venv, attaches py-spy to the worker process
+once the engine is up, samples its main thread for --seconds (idle samples
+included, so the shares are of wall time; helper threads left out), and sorts every sample into one
+bucket by the frames on its stack (BUCKETS, first match wins). Shares are
+within one run, so they do not depend on how fast the machine is that minute,
+unlike tokens/s here.
+
+  .tool-venv/bin/python benchmarks/worker_profile.py --build overlay --kwargs '{"num_scheduler_steps": 8}'
+  .tool-venv/bin/python benchmarks/worker_profile.py --build upstream --kwargs '{}'
+
+Needs py-spy (PyPI, a sampling profiler for Python processes): installed into
+the tool venv on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from serve_ab import ROOT, build_model, venvs
+from support.engines import VLLM_ENV
+
+# (bucket, frame markers): a sample goes to the first bucket one of whose
+# markers appears in one of its frames.
+BUCKETS = [
+    ("model forward", ["GPUModelRunner._model_forward "]),
+    ("logits", [".compute_logits "]),
+    ("sampling (Sampler)", ["GPUModelRunner._sample "]),
+    ("runner: sample_tokens bookkeeping", ["GPUModelRunner._bookkeeping_sync "]),
+    ("runner: attention metadata", ["GPUModelRunner._build_attention_metadata "]),
+    ("runner: rest of a full step (input preparation)", ["GPUModelRunner.execute_model "]),
+    ("runner: rest of sample_tokens", ["GPUModelRunner.sample_tokens "]),
+    ("overlay: window and lean-step code", ["multi_step.py:", "multi_step_lean.py:"]),
+    ("sending the output to the engine core", ["WorkerProc.handle_output ", "WorkerProc.enqueue_output "]),
+    ("other work in an RPC", ["WorkerProc._execute_worker_rpc "]),
+    ("waiting for the next step (queue read)", ["MessageQueue.dequeue ", "WorkerProc.worker_busy_loop "]),
+]
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if found is None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "py-spy"], check=True)
+        found = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    assert found, "py-spy did not install"
+    return found
+
+
+def _worker_pid(log: Path, session: int, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        if "init engine" in log.read_text(errors="replace"):
+            found = subprocess.run(["pgrep", "-s", str(session), "-x", "VLLM::Worker"], capture_output=True,
+                                   text=True).stdout.split()  # fmt: skip
+            if found:
+                return int(found[0])
+        time.sleep(0.5)
+    raise RuntimeError("the engine did not start:\n" + log.read_text(errors="replace")[-3000:])
+
+
+def classify(raw: Path) -> tuple[Counter, int]:
+    buckets: Counter = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if "spawn_main" not in stack:
+            continue  # not the main thread (ZMQ, gloo and other helper threads)
+        n = int(count)
+        total += n
+        name = next((b for b, marks in BUCKETS if any(m in stack for m in marks)), "unclassified")
+        buckets[name] += n
+    return buckets, total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", choices=["upstream", "overlay"], default="overlay")
+    ap.add_argument("--kwargs", default='{"num_scheduler_steps": 8}', help="LLM(...) keyword arguments, JSON")
+    ap.add_argument("--seconds", type=int, default=12)
+    ap.add_argument("--rate", type=int, default=250, help="samples per second")
+    ap.add_argument("--json", type=Path, help="also write the buckets here")
+    args = ap.parse_args()
+
+    pythons = venvs()
+    python, model = pythons[args.build], build_model(pythons["upstream"], "tiny")
+    spy = _py_spy()
+    with tempfile.TemporaryDirectory() as tmp:
+        log, raw = Path(tmp) / "run.log", Path(tmp) / "worker.raw"
+        cmd = [python, ROOT / "benchmarks" / "offline_worker.py", model, args.kwargs, "32", "256", "200"]
+        with log.open("w") as out:
+            run = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **VLLM_ENV}, start_new_session=True)  # fmt: skip
+        try:
+            pid = _worker_pid(log, run.pid, time.monotonic() + 300)
+            time.sleep(3)  # past the warm-up generate()
+            subprocess.run([spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--duration",
+                            str(args.seconds), "--idle", "--nonblocking", "--format", "raw", "--output", raw],
+                           check=True, capture_output=True)  # fmt: skip
+        finally:
+            os.killpg(run.pid, signal.SIGKILL)  # the engine core and worker too
+            run.wait()
+        buckets, total = classify(raw)
+    print(f"{args.build} {args.kwargs}: {total} samples of the worker's main thread over {args.seconds} s")
+    for name, n in buckets.most_common():
+        print(f"  {100 * n / total:5.1f}%  {name}")
+    if args.json:
+        share = {k: round(v / total, 4) for k, v in buckets.most_common()}
+        result = {"build": args.build, "kwargs": json.loads(args.kwargs), "samples": total, "share": share}
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
