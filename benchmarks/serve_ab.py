@@ -5,8 +5,10 @@ so they do not share the 2 cores), and `vllm bench serve` (random dataset,
 --ignore-eos) measures output tokens/s, TTFT, TPOT and ITL. Builds alternate
 A B A B ... for --rounds rounds; the report gives per-build medians and the
 overlay/upstream ratios, since absolute numbers on a shared machine are noisy.
-Each run also reports the cores in use while the benchmark ran (cpu_use.py):
-the whole machine, each server process, and the rest (mostly the client).
+Each run also reports the cores in use while the requests ran (cpu_use.py):
+the whole machine, each server process, and the rest (mostly the client); and
+the engine's own mean queue time, scheduled-to-first-token time and TTFT
+(its /metrics histograms).
 
 Usage (from the repo root, after `python3 apply.py test` created the venvs,
 or it creates them):
@@ -43,6 +45,9 @@ MODELS = {
     "big": ["--arch", "llama", "--hidden-size", "1024", "--layers", "16", "--heads", "16", "--kv-heads", "4",
             "--intermediate", "4096", "--init-std", "0.05"],
 }  # fmt: skip
+# Engine-side histograms (seconds) read from /metrics after each run: queue time (arrival to
+# first schedule), prefill time (first schedule to first token), the engine's TTFT.
+SERVER_HISTOGRAMS = ["request_queue_time_seconds", "request_prefill_time_seconds", "time_to_first_token_seconds"]
 METRICS = ["output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms"]
 
 
@@ -85,9 +90,18 @@ def _serve_and_bench(build: str, python: Path, overlay_python: Path, model: Path
         if bench.returncode != 0:
             raise RuntimeError(bench.stdout[-3000:] + bench.stderr[-3000:])
         res = json.loads(result.read_text())
-        return res | {"cpu": cpu.usage(res["duration"])}  # the request phase
+        return res | {"cpu": cpu.usage(res["duration"]), "server_ms": _server_side_means(server)}  # request phase
     finally:
         server.stop()
+
+
+def _server_side_means(server: Server) -> dict[str, float]:
+    """The engine's own per-request histograms (mean ms): where a TTFT went inside the server."""
+    means = {}
+    for name in SERVER_HISTOGRAMS:
+        count = server.metric(f"vllm:{name}_count")
+        means[name] = round(1000 * server.metric(f"vllm:{name}_sum") / count, 2) if count else float("nan")
+    return means
 
 
 def main() -> None:
@@ -110,9 +124,10 @@ def main() -> None:
         for r in range(args.rounds):
             for build in ("upstream", "overlay") if r % 2 == 0 else ("overlay", "upstream"):
                 res = _serve_and_bench(build, pythons[build], pythons["overlay"], model, args, Path(tmp))
-                runs[build].append({k: res[k] for k in METRICS} | {"cpu": res["cpu"]})
+                runs[build].append({k: res[k] for k in METRICS} | {"cpu": res["cpu"], "server_ms": res["server_ms"]})
                 print(f"round {r + 1} {build:8}: " + "  ".join(f"{k}={res[k]:.2f}" for k in METRICS), flush=True)
                 print(f"    cores used: {json.dumps(res['cpu'])}", flush=True)
+                print(f"    server-side means (ms): {json.dumps(res['server_ms'])}", flush=True)
     med = {b: {k: statistics.median(run[k] for run in rs) for k in METRICS} for b, rs in runs.items()}
     print(f"\nmodel={args.model} prompts={args.num_prompts} concurrency={args.concurrency} "
           f"in={args.input_len} out={args.output_len} rate={args.request_rate} rounds={args.rounds}")  # fmt: skip
