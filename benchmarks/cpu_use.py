@@ -55,8 +55,8 @@ def _machine_busy() -> float:
 
 
 class CpuMonitor:
-    """Samples machine and per-process CPU time of one process tree in a
-    background thread; `usage(seconds)` averages over the last `seconds`
+    """Samples machine and per-process CPU time of one process tree (the
+    processes present on entry) in a background thread; `usage(seconds)` averages over the last `seconds`
     before the monitor stopped (e.g. a benchmark's request phase, without the
     client's start-up)."""
 
@@ -65,9 +65,12 @@ class CpuMonitor:
         self.samples: list[tuple[float, float, dict[int, tuple[str, float]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        # Found once on entry: a served model's processes all exist by then, and
+        # rescanning /proc every sample would add load to the machine measured.
+        self._names: dict[int, str] = {}
 
     def _sample(self) -> None:
-        per_pid = {pid: (name, _cpu_seconds(pid)) for pid, name in _tree(self.root).items()}
+        per_pid = {pid: (name, _cpu_seconds(pid)) for pid, name in self._names.items()}
         self.samples.append((time.monotonic(), _machine_busy(), per_pid))
 
     def _run(self) -> None:
@@ -75,6 +78,7 @@ class CpuMonitor:
             self._sample()
 
     def __enter__(self) -> CpuMonitor:
+        self._names = _tree(self.root)
         self._sample()
         self._thread.start()
         return self

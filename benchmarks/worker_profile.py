@@ -3,16 +3,16 @@
 Runs benchmarks/offline_worker.py (tiny model, batch 32, 256 greedy tokens,
 many timed runs) in one build's venv, attaches py-spy to the worker process
 once the engine is up, samples its main thread for --seconds (idle samples
-included, so the shares are of wall time; helper threads left out), and sorts every sample into one
-bucket by the frames on its stack (BUCKETS, first match wins). Shares are
-within one run, so they do not depend on how fast the machine is that minute,
-unlike tokens/s here.
+included, so the shares are of wall time; helper threads left out), and sorts
+every sample into one bucket by the frames on its stack (BUCKETS, first match
+wins). Shares are ratios within one run, so they move far less between runs
+than tokens/s on this machine (README gives the spread measured).
 
   .tool-venv/bin/python benchmarks/worker_profile.py --build overlay --kwargs '{"num_scheduler_steps": 8}'
   .tool-venv/bin/python benchmarks/worker_profile.py --build upstream --kwargs '{}'
 
 Needs py-spy (PyPI, a sampling profiler for Python processes): installed into
-the tool venv on first use.
+the venv running this script (the tool venv, as above) on first use.
 """
 
 from __future__ import annotations
