@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--rate", type=int, default=250, help="samples per second")
     ap.add_argument("--json", type=Path, help="also write the buckets here")
+    ap.add_argument("--raw", type=Path, help="also keep py-spy's raw stacks here (for line-level reading)")
     args = ap.parse_args()
 
     pythons = venvs()
@@ -111,6 +112,8 @@ def main() -> None:
             os.killpg(run.pid, signal.SIGKILL)  # the engine core and worker too
             run.wait()
         buckets, total = classify(raw)
+        if args.raw:
+            shutil.copyfile(raw, args.raw)
     print(f"{args.build} {args.kwargs}: {total} samples of the worker's main thread over {args.seconds} s")
     for name, n in buckets.most_common():
         print(f"  {100 * n / total:5.1f}%  {name}")

@@ -1,4 +1,4 @@
-"""Multi-step decode (patches 0004-0007) against upstream through ``vllm.LLM``.
+"""Multi-step decode (patches 0004-0009) against upstream through ``vllm.LLM``.
 
 The overlay with ``--num-scheduler-steps N`` must give upstream's tokens
 exactly (upstream has no multi-step; its single-step output is the oracle),
