@@ -1,15 +1,17 @@
-"""Where the worker's wall time goes during offline decode: a sampling profile.
+"""Where the worker's (or engine core's) wall time goes during offline decode: a sampling profile.
 
 Runs benchmarks/offline_worker.py (tiny model, batch 32, 256 greedy tokens,
 many timed runs) in one build's venv, attaches py-spy to the worker process
-once the engine is up, samples its main thread for --seconds (idle samples
-included, so the shares are of wall time; helper threads left out), and sorts
-every sample into one bucket by the frames on its stack (BUCKETS, first match
-wins). Shares are ratios within one run, so they move far less between runs
-than tokens/s on this machine (README gives the spread measured).
+(--process engine-core: the engine core) once the engine is up, samples its
+main thread for --seconds (idle samples included, so the shares are of wall
+time; helper threads left out), and sorts every sample into one bucket by the
+frames on its stack (BUCKETS or ENGINE_CORE_BUCKETS, first match wins).
+Shares are ratios within one run, so they move far less between runs than
+tokens/s on this machine (README gives the spread measured).
 
   .tool-venv/bin/python benchmarks/worker_profile.py --build overlay --kwargs '{"num_scheduler_steps": 8}'
   .tool-venv/bin/python benchmarks/worker_profile.py --build upstream --kwargs '{}'
+  .tool-venv/bin/python benchmarks/worker_profile.py --process engine-core --build overlay --kwargs '{}'
 
 Needs py-spy (PyPI, a sampling profiler for Python processes): installed into
 the venv running this script (the tool venv, as above) on first use.
@@ -47,6 +49,22 @@ BUCKETS = [
     ("other work in an RPC", ["WorkerProc._execute_worker_rpc "]),
     ("waiting for the next step (queue read)", ["MessageQueue.dequeue ", "WorkerProc.worker_busy_loop "]),
 ]
+# The engine core's main thread (--process engine-core): schedule, hand the step
+# to the worker, wait for its output, update the scheduler, move requests in and
+# outputs out.
+ENGINE_CORE_BUCKETS = [
+    ("scheduler: schedule()", ["Scheduler.schedule "]),
+    ("scheduler: update_from_output()", ["Scheduler.update_from_output "]),
+    ("waiting for the worker's output", ["Future.result ", "MessageQueue.dequeue "]),
+    (
+        "sending the step to the worker",
+        ["MultiprocExecutor.execute_model ", "MultiprocExecutor.sample_tokens ", "MultiprocExecutor.collective_rpc "],
+    ),
+    ("input queue (requests in, idle wait)", ["._process_input_queue "]),
+    ("rest of an engine step", ["._process_engine_step "]),
+]
+# pgrep -x matches the kernel's process name, cut at 15 characters ("VLLM::EngineCore" reads "VLLM::EngineCor").
+PROCESSES = {"worker": ("VLLM::Worker", BUCKETS), "engine-core": ("VLLM::EngineCor", ENGINE_CORE_BUCKETS)}
 
 
 def _py_spy() -> str:
@@ -58,10 +76,10 @@ def _py_spy() -> str:
     return found
 
 
-def _worker_pid(log: Path, session: int, deadline: float) -> int:
+def _process_pid(log: Path, session: int, deadline: float, name: str) -> int:
     while time.monotonic() < deadline:
         if "init engine" in log.read_text(errors="replace"):
-            found = subprocess.run(["pgrep", "-s", str(session), "-x", "VLLM::Worker"], capture_output=True,
+            found = subprocess.run(["pgrep", "-s", str(session), "-x", name], capture_output=True,
                                    text=True).stdout.split()  # fmt: skip
             if found:
                 return int(found[0])
@@ -69,7 +87,7 @@ def _worker_pid(log: Path, session: int, deadline: float) -> int:
     raise RuntimeError("the engine did not start:\n" + log.read_text(errors="replace")[-3000:])
 
 
-def classify(raw: Path) -> tuple[Counter, int]:
+def classify(raw: Path, buckets_by_marker: list = BUCKETS) -> tuple[Counter, int]:
     buckets: Counter = Counter()
     total = 0
     for line in raw.read_text().splitlines():
@@ -78,7 +96,7 @@ def classify(raw: Path) -> tuple[Counter, int]:
             continue  # not the main thread (ZMQ, gloo and other helper threads)
         n = int(count)
         total += n
-        name = next((b for b, marks in BUCKETS if any(m in stack for m in marks)), "unclassified")
+        name = next((b for b, marks in buckets_by_marker if any(m in stack for m in marks)), "unclassified")
         buckets[name] += n
     return buckets, total
 
@@ -87,6 +105,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", choices=["upstream", "overlay"], default="overlay")
     ap.add_argument("--kwargs", default='{"num_scheduler_steps": 8}', help="LLM(...) keyword arguments, JSON")
+    ap.add_argument("--process", choices=PROCESSES, default="worker", help="which process's main thread to sample")
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--rate", type=int, default=250, help="samples per second")
     ap.add_argument("--json", type=Path, help="also write the buckets here")
@@ -96,14 +115,15 @@ def main() -> None:
     pythons = venvs()
     python, model = pythons[args.build], build_model(pythons["upstream"], "tiny")
     spy = _py_spy()
+    process_name, buckets_by_marker = PROCESSES[args.process]
     with tempfile.TemporaryDirectory() as tmp:
-        log, raw = Path(tmp) / "run.log", Path(tmp) / "worker.raw"
+        log, raw = Path(tmp) / "run.log", Path(tmp) / "main-thread.raw"
         cmd = [python, ROOT / "benchmarks" / "offline_worker.py", model, args.kwargs, "32", "256", "200"]
         with log.open("w") as out:
             run = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, **VLLM_ENV}, start_new_session=True)  # fmt: skip
         try:
-            pid = _worker_pid(log, run.pid, time.monotonic() + 300)
+            pid = _process_pid(log, run.pid, time.monotonic() + 300, process_name)
             time.sleep(3)  # past the warm-up generate()
             subprocess.run([spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--duration",
                             str(args.seconds), "--idle", "--nonblocking", "--format", "raw", "--output", raw],
@@ -111,15 +131,16 @@ def main() -> None:
         finally:
             os.killpg(run.pid, signal.SIGKILL)  # the engine core and worker too
             run.wait()
-        buckets, total = classify(raw)
+        buckets, total = classify(raw, buckets_by_marker)
         if args.raw:
             shutil.copyfile(raw, args.raw)
-    print(f"{args.build} {args.kwargs}: {total} samples of the worker's main thread over {args.seconds} s")
+    print(f"{args.build} {args.kwargs}: {total} samples of the {args.process}'s main thread over {args.seconds} s")
     for name, n in buckets.most_common():
         print(f"  {100 * n / total:5.1f}%  {name}")
     if args.json:
         share = {k: round(v / total, 4) for k, v in buckets.most_common()}
-        result = {"build": args.build, "kwargs": json.loads(args.kwargs), "samples": total, "share": share}
+        result = {"build": args.build, "kwargs": json.loads(args.kwargs), "process": args.process, "samples": total,
+                  "share": share}  # fmt: skip
         args.json.write_text(json.dumps(result, indent=1))
 
 

@@ -1,13 +1,14 @@
 """vLLM's own CPU-runnable unit tests, from the patched tree, against the overlay build.
 
-tests/upstream_suite/run.sh runs six upstream test files (scheduler, async
-scheduler, prefix caching, input batch, multiproc executor, ngram) with the
-installed vLLM, and with STRICT_COUNTS=1 fails unless each file passes exactly
-as many tests as it does on unpatched upstream 0.32.0 (161/19/173/14/6/2; the
-llava-dependent tests in deselect.txt cannot run on either). It also runs the
-overlay's own scheduler tests in upstream's style, carried by patches 0005 and
-0008 (tests/v1/core/test_multi_step_scheduler.py, 39 tests;
-tests/v1/core/test_multi_step_spec.py, 10 tests).
+tests/upstream_suite/run.sh runs seven upstream test files (scheduler, async
+scheduler, prefix caching, input batch, multiproc executor, ngram, shm
+broadcast) with the installed vLLM, and with STRICT_COUNTS=1 fails unless each
+file passes exactly as many tests as it does on unpatched upstream 0.32.0
+(161/19/173/14/6/2/58; the llava-dependent tests in deselect.txt cannot run on
+either). It also runs the overlay's own tests in upstream's style, carried by
+patches 0005, 0008 and 0010 (tests/v1/core/test_multi_step_scheduler.py, 39
+tests; tests/v1/core/test_multi_step_spec.py, 10 tests;
+tests/distributed/test_shm_wakeup.py, 5 tests).
 """
 
 import os
@@ -22,7 +23,8 @@ def test_upstream_unit_tests_pass_on_overlay(overlay_python, tmp_path):
     applied = subprocess.run([sys.executable, str(ROOT / "apply.py"), "apply", "-q", "--tree", str(tree)],
                              capture_output=True, text=True)  # fmt: skip
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    pip = [str(overlay_python), "-m", "pip", "install", "--quiet", "pytest==9.1.0", "tblib==3.1.0"]
+    pip = [str(overlay_python), "-m", "pip", "install", "--quiet", "pytest==9.1.0", "tblib==3.1.0",
+           "multiprocess==0.70.16", "dill==0.3.8"]  # fmt: skip
     subprocess.run(pip, check=True)
     proc = subprocess.run(
         ["bash", str(ROOT / "tests" / "upstream_suite" / "run.sh"), str(overlay_python), str(tree)],

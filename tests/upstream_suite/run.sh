@@ -33,10 +33,12 @@ FILES=(
   tests/v1/spec_decode/test_ngram.py
   tests/v1/core/test_multi_step_scheduler.py
   tests/v1/core/test_multi_step_spec.py
+  tests/distributed/test_shm_broadcast.py
+  tests/distributed/test_shm_wakeup.py
 )
 # passes on upstream 0.32.0 CPU with this script (informational unless STRICT_COUNTS=1);
-# test_multi_step_scheduler.py and test_multi_step_spec.py are the overlay's own
-# (patches 0005 and 0008), in upstream's style
+# test_multi_step_scheduler.py, test_multi_step_spec.py and test_shm_wakeup.py are
+# the overlay's own (patches 0005, 0008 and 0010), in upstream's style
 declare -A EXPECT=(
   [tests/v1/core/test_scheduler.py]=161
   [tests/v1/core/test_async_scheduler.py]=19
@@ -46,6 +48,8 @@ declare -A EXPECT=(
   [tests/v1/spec_decode/test_ngram.py]=2
   [tests/v1/core/test_multi_step_scheduler.py]=39
   [tests/v1/core/test_multi_step_spec.py]=10
+  [tests/distributed/test_shm_broadcast.py]=58
+  [tests/distributed/test_shm_wakeup.py]=5
 )
 
 # Deselected (deselect.txt): tests that need the llava hub model; see there.
@@ -59,13 +63,15 @@ MINIMAL_FILES=(
   tests/v1/kv_connector/__init__.py tests/v1/kv_connector/unit/__init__.py
   tests/v1/kv_connector/unit/utils.py
   tests/v1/worker/__init__.py tests/v1/executor/__init__.py tests/v1/spec_decode/__init__.py
+  tests/distributed/__init__.py tests/distributed/conftest.py tests/distributed/test_events.py
   "${FILES[@]}"
 )
 
 # ---- preflight: the venv must have pytest + tblib (tests/conftest.py imports tblib)
-if ! "$PY" -c "import pytest, tblib" 2>/dev/null; then
-  echo "venv lacks pytest/tblib; install with:" >&2
-  echo "  $PY -m pip install pytest==9.1.0 tblib==3.1.0" >&2
+# and multiprocess (test_shm_broadcast.py; the version vLLM's CPU test requirements pin)
+if ! "$PY" -c "import pytest, tblib, multiprocess" 2>/dev/null; then
+  echo "venv lacks pytest/tblib/multiprocess; install with:" >&2
+  echo "  $PY -m pip install pytest==9.1.0 tblib==3.1.0 multiprocess==0.70.16 dill==0.3.8" >&2
   exit 2
 fi
 
