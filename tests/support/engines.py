@@ -1,7 +1,11 @@
 """Run vLLM builds from their venvs, with the environment the tests need."""
 
+import atexit
+import contextlib
 import json
 import os
+import select
+import signal
 import subprocess
 from pathlib import Path
 
@@ -16,13 +20,70 @@ def run_env(*cmd, timeout: int = 600, extra_env: dict | None = None, **kw) -> su
                           env={**os.environ, **VLLM_ENV, **(extra_env or {})}, **kw)  # fmt: skip
 
 
-def generate(python: Path, spec: dict, tmp_path: Path, tag: str) -> tuple[dict, str]:
-    """Run tests/support/generate.py in ``python``'s venv; (outputs, log)."""
-    spec_file, out_file = tmp_path / f"{tag}-spec.json", tmp_path / f"{tag}-out.json"
+def generate(python: Path, spec: dict, tmp_path: Path, tag: str, timeout: int = 600) -> tuple[dict, str]:
+    """Run ``spec`` with tests/support/generate.py in ``python``'s venv; (outputs, log)."""
+    spec_file, out_file, log_file = (tmp_path / f"{tag}-{part}" for part in ("spec.json", "out.json", "log.txt"))
     spec_file.write_text(json.dumps(spec))
-    proc = run_env(python, SUPPORT / "generate.py", spec_file, out_file, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out_file.read_text()), proc.stdout + proc.stderr
+    ok = _generator(python).run({"spec": str(spec_file), "out": str(out_file), "log": str(log_file)}, timeout)
+    log = log_file.read_text() if log_file.exists() else ""
+    assert ok, f"engine run {tag} failed ({log_file}):\n{log[-8000:]}"
+    return json.loads(out_file.read_text()), log
+
+
+class _Generator:
+    """``generate.py --serve`` in one venv, kept for the test session: vLLM is
+    imported once for all of that venv's engine runs, not once per run."""
+
+    def __init__(self, python: Path):
+        self.proc = subprocess.Popen(
+            [str(python), str(SUPPORT / "generate.py"), "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, **VLLM_ENV}, cwd=python.parent.parent, start_new_session=True,
+        )  # fmt: skip
+
+    def run(self, job: dict, timeout: int) -> bool:
+        """One job; False if it failed, timed out or the process died (then it is gone)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self._gone()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        reply = self.proc.stdout.readline().strip() if ready else ""
+        if reply in ("ok", "error"):
+            return reply == "ok"
+        return self._gone()
+
+    def _gone(self) -> bool:
+        """Timed out or died: end it with the engine processes it started (the next job starts anew)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        return False
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+_generators: dict[Path, _Generator] = {}
+
+
+def _generator(python: Path) -> _Generator:
+    if python not in _generators or _generators[python].proc.poll() is not None:
+        _generators[python] = _Generator(python)
+    return _generators[python]
+
+
+@atexit.register
+def _close_generators() -> None:
+    for generator in _generators.values():
+        generator.close()
 
 
 def free_port() -> int:

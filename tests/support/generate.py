@@ -4,7 +4,13 @@ Runs inside a venv holding one vLLM build (upstream or overlay), so the same
 spec can be run on both and the outputs compared token for token.
 
 Usage: python generate.py SPEC.json OUT.json, where SPEC is
-{"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]}.
+{"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]};
+or python generate.py --serve, which runs one such job per line of standard
+input ({"spec": SPEC.json, "out": OUT.json, "log": LOG}) in this one process, so
+vLLM is imported once for all of them (about 10 s per engine start on the test
+machines). Each job's engine is shut down before the next starts, its output
+(this process's and its engine processes') goes to its own log, and the
+environment is restored after it; "ok" or "error" answers each line.
 OUT holds, per case and prompt, each completion's token ids, text, finish
 reason and logprobs, the prompt logprobs, the engine's resolved async
 scheduling setting, and the engine's counters after all cases (preemptions,
@@ -13,7 +19,10 @@ feature was really exercised.
 """
 
 import json
+import os
 import sys
+import traceback
+from contextlib import contextmanager
 
 
 def _logprobs(entries) -> list | None:
@@ -35,46 +44,95 @@ def _counters(llm) -> dict[str, float]:
     return totals
 
 
-def main() -> None:
-    with open(sys.argv[1]) as f:
+def run(spec_path: str, out_path: str) -> None:
+    with open(spec_path) as f:
         spec = json.load(f)
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     llm = LLM(**{"disable_log_stats": False, **spec["llm"]})
-    cases = []
-    for case in spec["cases"]:
-        params = dict(case["params"])
-        if "structured_outputs" in params:  # e.g. {"json": schema}
-            from vllm.sampling_params import StructuredOutputsParams
-
-            params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
-        results = llm.generate(case["prompts"], SamplingParams(**params), use_tqdm=False)
-        cases.append(
-            [
-                {
-                    "prompt_logprobs": _logprobs(r.prompt_logprobs),
-                    "outputs": [
-                        {
-                            "token_ids": list(c.token_ids),
-                            "text": c.text,
-                            "finish_reason": c.finish_reason,
-                            "stop_reason": c.stop_reason,
-                            "logprobs": _logprobs(c.logprobs),
-                        }
-                        for c in r.outputs
-                    ],
-                }
-                for r in results
-            ]
-        )
-    out = {
-        "cases": cases,
-        "counters": _counters(llm),
-        "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
-    }
-    with open(sys.argv[2], "w") as f:
+    try:
+        out = {
+            "cases": [_case(llm, case) for case in spec["cases"]],
+            "counters": _counters(llm),
+            "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+        }
+    finally:  # the next job of --serve must not start beside this engine's processes
+        llm.llm_engine.engine_core.shutdown()
+    with open(out_path, "w") as f:
         json.dump(out, f)
 
 
+def _case(llm, case: dict) -> list[dict]:
+    from vllm import SamplingParams
+
+    params = dict(case["params"])
+    if "structured_outputs" in params:  # e.g. {"json": schema}
+        from vllm.sampling_params import StructuredOutputsParams
+
+        params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
+    results = llm.generate(case["prompts"], SamplingParams(**params), use_tqdm=False)
+    return [
+        {
+            "prompt_logprobs": _logprobs(r.prompt_logprobs),
+            "outputs": [
+                {
+                    "token_ids": list(c.token_ids),
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                    "logprobs": _logprobs(c.logprobs),
+                }
+                for c in r.outputs
+            ],
+        }
+        for r in results
+    ]
+
+
+@contextmanager
+def _output_to(log_path: str):
+    """This process's stdout and stderr (fds 1 and 2, which engine processes inherit) to a file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def serve() -> None:
+    import vllm  # noqa: F401  (imported once, for every job)
+
+    # Replies get the pipe to themselves: anything else this process prints
+    # between jobs (a late log line) goes to stderr.
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        environ = dict(os.environ)  # vLLM's platform setup writes to it
+        status = "ok"
+        with _output_to(job["log"]):
+            try:
+                run(job["spec"], job["out"])
+            except Exception:
+                traceback.print_exc()
+                status = "error"
+        os.environ.clear()
+        os.environ.update(environ)
+        print(status, file=replies, flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        run(sys.argv[1], sys.argv[2])
