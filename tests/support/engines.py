@@ -68,7 +68,7 @@ class _Generator:
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self._gone()
 
 
 _generators: dict[Path, _Generator] = {}
