@@ -1,6 +1,6 @@
 """Runs inside one build's venv: decode throughput of `vllm.LLM`, or the forward-only time.
 
-Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only]
+Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only | --worker-forward]
 Prints one line "RESULT {json}". Throughput: BATCH prompts of 32 token ids,
 OUT_LEN tokens each (ignore_eos, greedy), best and median output tokens/s of
 REPS runs after a warm-up. --forward-only runs the engine in-process and times
@@ -10,14 +10,19 @@ worker does: one torch thread on one core (the multiprocess CPU worker binds
 itself so; in-process the engine would otherwise keep every core), which the
 caller sets with OMP_NUM_THREADS=1 and this script with the CPU affinity.
 On a CUDA device the forward is timed between device synchronizations (the
-GPU's time, not the launch's) and no affinity is set.
+GPU's time, not the launch's) and no affinity is set. --worker-forward times the
+forward inside the served worker process instead (benchmarks/worker_forward_timer,
+CPU: no device synchronization) and adds its median to the result beside the
+throughput of the same runs.
 """
 
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -44,6 +49,7 @@ def main() -> None:
             return out
 
         gpu_model_runner.GPUModelRunner._model_forward = timed
+    timer_dir = _time_worker_forward(batch) if "--worker-forward" in sys.argv else None
     from vllm import LLM, SamplingParams
 
     spec = "speculative_config" in kwargs  # then also report the acceptance (engine stats on)
@@ -66,6 +72,11 @@ def main() -> None:
         accepted = totals.get("vllm:spec_decode_num_accepted_tokens", 0)
         # Tokens per verified step: the bonus token plus the accepted drafts.
         result["acceptance_length"] = 1 + accepted / drafts if drafts else None
+    if timer_dir is not None:
+        # Every file holds all of one process's full-batch forwards so far.
+        times = [t for f in timer_dir.glob("*.json") for t in json.loads(f.read_text())]
+        result["worker_forward_ms"] = statistics.median(times) * 1000 if times else None
+        result["worker_forwards"] = len(times)
     if forward_only:
         result["forward_ms"] = statistics.median(forward_times) * 1000
         result["forward_limit"] = batch / statistics.median(forward_times)
@@ -74,6 +85,16 @@ def main() -> None:
         result["forward_threads"] = torch.get_num_threads()
         result["forward_cores"] = sorted(os.sched_getaffinity(0))
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def _time_worker_forward(batch: int) -> Path:
+    """Have the engine processes spawned from here time their forwards."""
+    timer_dir = Path(tempfile.mkdtemp(prefix="worker-forward-"))
+    hook = Path(__file__).resolve().parent / "worker_forward_timer"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    os.environ["OVERLAY_BENCH_FORWARD_DIR"] = str(timer_dir)
+    os.environ["OVERLAY_BENCH_FORWARD_BATCH"] = str(batch)
+    return timer_dir
 
 
 if __name__ == "__main__":
