@@ -18,6 +18,7 @@ throughput of the same runs.
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -75,6 +76,7 @@ def main() -> None:
     if timer_dir is not None:
         # Every file holds all of one process's full-batch forwards so far.
         times = [t for f in timer_dir.glob("*.json") for t in json.loads(f.read_text())]
+        shutil.rmtree(timer_dir)
         result["worker_forward_ms"] = statistics.median(times) * 1000 if times else None
         result["worker_forwards"] = len(times)
     if forward_only:
