@@ -74,8 +74,8 @@ def main() -> None:
         # Tokens per verified step: the bonus token plus the accepted drafts.
         result["acceptance_length"] = 1 + accepted / drafts if drafts else None
     if timer_dir is not None:
-        # Every file holds all of one process's full-batch forwards so far.
-        times = [t for f in timer_dir.glob("*.json") for t in json.loads(f.read_text())]
+        # One file per process, one full-batch forward's seconds per line.
+        times = [float(t) for f in timer_dir.glob("*.txt") for t in f.read_text().split()]
         shutil.rmtree(timer_dir)
         result["worker_forward_ms"] = statistics.median(times) * 1000 if times else None
         result["worker_forwards"] = len(times)
