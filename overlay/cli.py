@@ -1,4 +1,4 @@
-"""Command line: fetch, check, apply, export, build, test.
+"""Command line: fetch, check, apply, export, build, test, rebase, bisect, fuzz.
 
 Exit codes: 0 ok; 1 a patch conflicts, drifts or is already upstream;
 2 bad input (series, lock, patch file, arguments); 3 download or checksum
@@ -37,6 +37,9 @@ commands, in the order a user meets them:
   apply     create the maintainer tree (build/tree, branch 'patched', one commit per patch)
   export    write patches/ and series back from the maintainer tree
   test      run the test suite (pytest; extra arguments go to pytest)
+  fuzz      differential fuzzing against the upstream wheel: seeded random mixed
+            batches on both builds, compared token for token (--minutes M,
+            --report FILE; `fuzz --help` for the rest)
   rebase    replay the series onto a new upstream release or commit (3-way),
             per-patch status and drift; --continue / --abort after a conflict
   bisect    find the first upstream commit that breaks the series (or a patch,
@@ -171,12 +174,15 @@ def _parser() -> argparse.ArgumentParser:
     bi.add_argument("--test", help="shell command run in the patched tree; non-zero exit = broken (125: skip)")
 
     sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)
+    sub.add_parser("fuzz", help="fuzz the overlay against upstream (tests/support/fuzz.py)", add_help=False)
     return p
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["test"]:
         return _run_tests(argv[1:])
+    if argv[:1] == ["fuzz"]:
+        return _run_fuzzer(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
@@ -417,6 +423,11 @@ def cmd_bisect(args) -> int:
 
 def _run_tests(pytest_args: list[str]) -> int:
     cmd = [sys.executable, "-m", "pytest", *pytest_args]
+    return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ)).returncode
+
+
+def _run_fuzzer(fuzz_args: list[str]) -> int:
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "fuzz.py"), *fuzz_args]
     return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ)).returncode
 
 

@@ -5,21 +5,17 @@ install vLLM into two venvs under build/venvs: the unpatched upstream wheel
 (the oracle) and the overlay wheel.
 """
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.venvs import overlay_wheel as build_overlay_wheel
+from support.venvs import tiny_model, vllm_venv
+from support.venvs import upstream_wheel as fetch_upstream_wheel
+
+from overlay import lock as lockmod
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
-SUPPORT = ROOT / "tests" / "support"
-
-from support.venvs import vllm_venv  # noqa: E402
-
-from overlay import lock as lockmod  # noqa: E402
-from overlay.fetch import Cache, fetch_artifact  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -28,19 +24,13 @@ def lock():
 
 
 @pytest.fixture(scope="session")
-def upstream_wheel(lock) -> Path:
-    return fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
+def upstream_wheel() -> Path:
+    return fetch_upstream_wheel()
 
 
 @pytest.fixture(scope="session")
 def overlay_wheel() -> Path:
-    dist = BUILD / "test-dist"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", "--dist", str(dist), "--json", "-q"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return Path(json.loads(proc.stdout)["wheel"])
+    return build_overlay_wheel()
 
 
 @pytest.fixture(scope="session")
@@ -53,20 +43,14 @@ def overlay_python(overlay_wheel) -> Path:
     return vllm_venv(BUILD / "venvs" / "overlay", overlay_wheel)
 
 
-def _tiny_model(python: Path, arch: str) -> Path:
-    out = BUILD / "models" / f"tiny-{arch}"
-    subprocess.run([python, str(SUPPORT / "tiny_model.py"), str(out), "--arch", arch], check=True)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_llama(upstream_python) -> Path:
-    return _tiny_model(upstream_python, "llama")
+    return tiny_model(upstream_python, "llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(upstream_python) -> Path:
-    return _tiny_model(upstream_python, "qwen3")
+    return tiny_model(upstream_python, "qwen3")
 
 
 @pytest.fixture(scope="session")

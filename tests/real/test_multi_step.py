@@ -136,3 +136,45 @@ def test_serve_flag_rejects_a_bad_value_before_loading(overlay_python, tiny_llam
     proc = run_env(overlay_python.parent / "vllm", "serve", tiny_llama, "--num-scheduler-steps", "0", timeout=300)
     assert proc.returncode != 0
     assert "num_scheduler_steps" in proc.stdout + proc.stderr
+
+
+REFUSAL_CHECKS = r"""
+import json, shutil, sys
+from pathlib import Path
+from transformers import MambaConfig
+from vllm.engine.arg_utils import EngineArgs
+
+llama, mamba = sys.argv[1], Path(sys.argv[2])
+# A Mamba config with the tiny Llama's tokenizer: create_engine_config reads no weights.
+MambaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, state_size=8,
+            architectures=["MambaForCausalLM"]).save_pretrained(mamba)
+for f in Path(llama).glob("*token*"):
+    shutil.copy(f, mamba / f.name)
+def resolve(model, **kw):
+    try:
+        cfg = EngineArgs(model=model, max_model_len=512, **kw).create_engine_config()
+        return {"steps": cfg.scheduler_config.num_scheduler_steps, "attention_free": cfg.model_config.is_attention_free}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+print("RESULT" + json.dumps({
+    "mamba_single": resolve(str(mamba)),
+    "mamba": resolve(str(mamba), num_scheduler_steps=4),
+    "sampling_mask": resolve(llama, num_scheduler_steps=4, return_sampling_mask=True),
+    "routed_experts": resolve(llama, num_scheduler_steps=4, enable_return_routed_experts=True),
+}))
+"""
+
+
+def test_refuses_recurrent_models_and_per_step_outputs(overlay_python, tiny_llama, tmp_path):
+    """Windows are refused, with the reason, where their merge or state would not be exact:
+    Mamba-style models and routed experts (a per-step field). Sampling masks (also per step)
+    need Model Runner V2, which windows never run on, and upstream refuses them without it."""
+    script = tmp_path / "refusals.py"
+    script.write_text(REFUSAL_CHECKS)
+    proc = run_env(overlay_python, script, tiny_llama, tmp_path / "mamba")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert got["mamba_single"] == {"steps": 1, "attention_free": True}  # the model itself is accepted
+    assert "hybrid and attention-free (Mamba-style) models" in got["mamba"]["error"]
+    assert "requires Model Runner V2" in got["sampling_mask"]["error"]
+    assert "routed experts" in got["routed_experts"]["error"]

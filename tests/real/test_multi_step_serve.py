@@ -5,7 +5,10 @@ parity set (completions and chat, streaming and not, greedy, seeded, n=2,
 logprobs, penalties), stop strings inside a window, requests that arrive
 while another request's windows are running, and a client that disconnects
 mid-window: the request must stop, no token after the abort may be counted,
-and the KV cache must be empty again.
+and the KV cache must be empty again. Then the fuzzer's served batches
+(tests/support/fuzz.py): the mixed-logprobs batch that once killed the
+server, and seeded random mixed batches with staggered arrivals and clients
+that leave mid-stream.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support import fuzz
 from support.serve_cases import (
     CASES,
     GREEDY,
@@ -80,3 +84,18 @@ def test_requests_arriving_mid_window(servers):
 
 def test_client_disconnect_mid_window(servers):
     assert_disconnect_frees_the_request(servers["overlay"], servers["upstream"], PROMPTS[0])
+
+
+def test_fuzzed_mixed_batches_through_the_server(servers):
+    """Issue 18's served crash (sixteen concurrent completions, logprobs on the
+    three shortest) and seeded random mixed batches: every request answered as
+    upstream's server answers it, the KV cache empty after each batch, the
+    generation-token count upstream's, the server alive throughout."""
+    batches = fuzz.REGRESSIONS["default-N8"] + fuzz.batches_for(fuzz.SERVED, 1801, 6)
+    kinds: dict[str, int] = {}
+    for i, batch in enumerate(batches):
+        ours = fuzz.run_served(servers["overlay"], batch, MODEL)
+        theirs = fuzz.run_served(servers["upstream"], batch, MODEL)
+        problems = fuzz.compare_batch(fuzz.SERVED, batch, ours, theirs, kinds)
+        assert not problems, f"batch {i}: {problems}"
+    assert kinds.get("exact", 0) > 30 and kinds.get("prefix", 0) > 0, kinds

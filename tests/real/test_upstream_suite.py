@@ -6,9 +6,10 @@ broadcast) with the installed vLLM, and with STRICT_COUNTS=1 fails unless each
 file passes exactly as many tests as it does on unpatched upstream 0.32.0
 (161/19/173/14/6/2/58; the llava-dependent tests in deselect.txt cannot run on
 either). It also runs the overlay's own tests in upstream's style, carried by
-patches 0005, 0008 and 0010 (tests/v1/core/test_multi_step_scheduler.py, 39
-tests; tests/v1/core/test_multi_step_spec.py, 10 tests;
-tests/distributed/test_shm_wakeup.py, 5 tests).
+patches 0005, 0006, 0008, 0010 and 0012 (tests/v1/core/test_multi_step_scheduler.py,
+39 tests; tests/v1/worker/test_multi_step_merge.py, 2 tests;
+tests/v1/core/test_multi_step_spec.py, 11 tests;
+tests/distributed/test_shm_wakeup.py, 8 tests; tests/v1/sample/test_cpu_spec_sampling.py, 6 tests).
 """
 
 import os

