@@ -564,9 +564,13 @@ def _root_cause(log: str) -> str:
 
 
 def fuzz(runner: Runner, names: list[str], seed: int, per_config: int, deadline: float | None,
-         minimize: bool = True) -> dict:  # fmt: skip
-    """Rounds of ``per_config`` batches over ``names`` until ``deadline`` (one round if None)."""
-    report: dict = {"seed": seed, "batches": 0, "requests": 0, "configs": {}, "failures": []}
+         minimize: bool = True, progress=None) -> dict:  # fmt: skip
+    """Rounds of ``per_config`` batches over ``names`` until ``deadline`` (one round if None).
+
+    ``progress(report)`` is called after each configuration, so an interrupted
+    run still leaves what it found.
+    """
+    report: dict = {"seed": seed, "batches": 0, "requests": 0, "configs": {}, "failures": [], "complete": False}
     round_ = 0
     while True:
         for name in names:
@@ -588,8 +592,11 @@ def fuzz(runner: Runner, names: list[str], seed: int, per_config: int, deadline:
                           "problems": failure["problems"], "minimized": small}  # fmt: skip
                 report["failures"].append(record)
                 print("[fuzz] FAILURE " + json.dumps(record), file=sys.stderr)
+            if progress is not None:
+                progress(report)
         round_ += 1
         if deadline is None or time.monotonic() > deadline:
+            report["complete"] = True
             return report
 
 
@@ -619,25 +626,28 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     runner = Runner(pythons, models, work, repeat_oracle=args.repeat_oracle)
-    report = fuzz(runner, names, args.seed, args.per_config, start + args.minutes * 60)
+    about = {
+        "date": date.today().isoformat(),
+        "host": {"cpu": platform.processor() or platform.machine(), "cores": _cores()},
+        "per_config": args.per_config,
+        "provenance": _provenance(pythons["overlay"]),
+    }
+
+    def write(report: dict) -> None:
+        report.update(about, requests_compared=runner.kinds, oracle_unstable_batches=runner.oracle_unstable,
+                      minutes=round((time.monotonic() - start) / 60, 1))  # fmt: skip
+        if args.report:
+            args.report.parent.mkdir(parents=True, exist_ok=True)
+            args.report.write_text(json.dumps(report, indent=1) + "\n")
+
+    report = fuzz(runner, names, args.seed, args.per_config, start + args.minutes * 60, progress=write)
     if args.served:
         report["served"] = fuzz_served(pythons, models["llama"], work, args.seed, args.served)
         report["failures"] += report["served"]["failures"]
-    report.update(
-        requests_compared=runner.kinds,
-        oracle_unstable_batches=runner.oracle_unstable,
-        date=date.today().isoformat(),
-        host={"cpu": platform.processor() or platform.machine(), "cores": _cores()},
-        minutes=round((time.monotonic() - start) / 60, 1),
-        per_config=args.per_config,
-        provenance=_provenance(pythons["overlay"]),
-    )
+    write(report)
     summary = f"{report['batches']} batches, {report['requests']} requests, {len(report['configs'])} configs, " \
               f"{len(report['failures'])} failures"  # fmt: skip
     print(summary)
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=1) + "\n")
     return 1 if report["failures"] else 0
 
 
