@@ -81,12 +81,15 @@ def _run_batch(llm, batch: dict, prefix: str, completion) -> dict:
         if not engine.has_unfinished_requests():  # all rejected or aborted
             continue
         for output in engine.step():
-            req_id = output.request_id.removeprefix(prefix)
-            results[req_id].update(
-                finished=output.finished,
-                prompt_logprobs=completion.prompt_logprobs(output),
-                outputs=[completion.output(c) for c in output.outputs],
-            )
+            result = results[output.request_id.removeprefix(prefix)]
+            result["finished"] = output.finished
+            if output.prompt_logprobs is not None:
+                result["prompt_logprobs"] = completion.prompt_logprobs(output)
+            # With n > 1 an output carries only the completions that moved in
+            # this step (each cumulative); keep every completion's latest.
+            by_index = {c["index"]: c for c in result["outputs"]}
+            by_index.update({c.index: {"index": c.index, **completion.output(c)} for c in output.outputs})
+            result["outputs"] = [by_index[i] for i in sorted(by_index)]
         step += 1
         if step > MAX_STEPS:
             raise RuntimeError(f"batch still running after {MAX_STEPS} engine steps")
