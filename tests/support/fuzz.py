@@ -342,17 +342,25 @@ def _exact_problems(ours: dict, theirs: dict) -> list[str]:
 
 
 def _logprob_problems(what: str, a: list | None, b: list | None) -> list[str]:
+    """Per position: the same values (within LOGPROB_TOL), and the same token ids and
+    ranks for every value that is not tied: which of several tokens with one value a
+    row lists, and in which order, is arbitrary (e.g. tokens a grammar masks to -inf)."""
     if (a is None) != (b is None) or len(a or []) != len(b or []):
         return [f"{what}: {None if a is None else len(a)} rows, upstream {None if b is None else len(b)}"]
     for pos, (ra, rb) in enumerate(zip(a or [], b or [], strict=True)):
-        ids_a = None if ra is None else [(t, r) for t, _, r in ra]
-        ids_b = None if rb is None else [(t, r) for t, _, r in rb]
-        if ids_a != ids_b:
-            return [f"{what}: position {pos} ids/ranks {ids_a}, upstream {ids_b}"]
-        for (_, x, _), (_, y, _) in zip(ra or [], rb or [], strict=True):
-            if not (x == y or abs(x - y) <= LOGPROB_TOL):  # equal also covers -inf
-                return [f"{what}: position {pos} logprob {x} vs {y}"]
+        if (ra is None) != (rb is None) or len(ra or []) != len(rb or []):
+            return [f"{what}: position {pos} has {ra} entries, upstream {rb}"]
+        values_a, values_b = sorted(v for _, v, _ in ra or []), sorted(v for _, v, _ in rb or [])
+        if any(not (x == y or abs(x - y) <= LOGPROB_TOL) for x, y in zip(values_a, values_b, strict=True)):
+            return [f"{what}: position {pos} logprobs {values_a} vs {values_b}"]
+        if _untied(ra) != _untied(rb):
+            return [f"{what}: position {pos} ids/ranks {_untied(ra)}, upstream {_untied(rb)}"]
     return []
+
+
+def _untied(row: list | None) -> list[tuple[int, int]]:
+    values = [v for _, v, _ in row or []]
+    return [(t, r) for t, v, r in row or [] if values.count(v) == 1 and v != float("-inf")]  # -inf: a vocab of ties
 
 
 def _prefix_problems(ours: dict, theirs: dict) -> list[str]:
