@@ -91,11 +91,7 @@ def test_fuzzed_mixed_batches_through_the_server(servers):
     three shortest) and seeded random mixed batches: every request answered as
     upstream's server answers it, the KV cache empty after each batch, the
     generation-token count upstream's, the server alive throughout."""
-    batches = fuzz.REGRESSIONS["default-N8"] + fuzz.batches_for(fuzz.SERVED, 1801, 6)
-    kinds: dict[str, int] = {}
-    for i, batch in enumerate(batches):
-        ours = fuzz.run_served(servers["overlay"], batch, MODEL)
-        theirs = fuzz.run_served(servers["upstream"], batch, MODEL)
-        problems = fuzz.compare_batch(fuzz.SERVED, batch, ours, theirs, kinds)
-        assert not problems, f"batch {i}: {problems}"
+    report = fuzz.served_batches(servers, 1801, 6)
+    assert not report["failures"], report["failures"]
+    kinds = report["requests_compared"]
     assert kinds.get("exact", 0) > 30 and kinds.get("prefix", 0) > 0, kinds

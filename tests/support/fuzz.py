@@ -542,23 +542,30 @@ class Runner:
 
 def fuzz_served(pythons: dict[str, Path], model: Path, work: Path, seed: int, count: int) -> dict:
     """``count`` batches through upstream's server and the overlay's `vllm serve --num-scheduler-steps 8`."""
-    from support.serve_cases import MODEL, server_pair
+    from support.serve_cases import server_pair
+
+    with server_pair(pythons["upstream"], pythons["overlay"], model, work, ["--num-scheduler-steps", "8"]) as pair:
+        return served_batches(pair, seed, count)
+
+
+def served_batches(pair: dict, seed: int, count: int) -> dict:
+    """The mixed-logprobs regression batch and ``count`` random ones on both servers of ``pair``."""
+    from support.serve_cases import MODEL
 
     batches = REGRESSIONS["default-N8"] + batches_for(SERVED, seed, count)
     kinds: dict[str, int] = {}
     failures = []
-    with server_pair(pythons["upstream"], pythons["overlay"], model, work, ["--num-scheduler-steps", "8"]) as pair:
-        for i, batch in enumerate(batches):
-            try:
-                ours = run_served(pair["overlay"], batch, MODEL)
-            except Exception as e:  # the server died or hung: nothing after this batch runs
-                failures.append({"config": SERVED.name, "seed": seed, "batch": i, "minimized": batch,
-                                 "problems": [f"overlay server: {type(e).__name__}: {e}"]})  # fmt: skip
-                break
-            problems = compare_batch(SERVED, batch, ours, run_served(pair["upstream"], batch, MODEL), kinds)
-            if problems:
-                failures.append({"config": SERVED.name, "seed": seed, "batch": i, "problems": problems,
-                                 "minimized": batch})  # fmt: skip
+    for i, batch in enumerate(batches):
+        try:
+            ours = run_served(pair["overlay"], batch, MODEL)
+        except Exception as e:  # the server died or hung: nothing after this batch runs
+            failures.append({"config": SERVED.name, "seed": seed, "batch": i, "minimized": batch,
+                             "problems": [f"overlay server: {type(e).__name__}: {e}"]})  # fmt: skip
+            break
+        problems = compare_batch(SERVED, batch, ours, run_served(pair["upstream"], batch, MODEL), kinds)
+        if problems:
+            failures.append({"config": SERVED.name, "seed": seed, "batch": i, "problems": problems,
+                             "minimized": batch})  # fmt: skip
     return {"batches": len(batches), "requests_compared": kinds, "failures": failures}
 
 
