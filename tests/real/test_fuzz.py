@@ -49,7 +49,7 @@ def test_regressions_reproduce_the_reported_shapes():
         r["params"]["max_tokens"] for r in mixed["requests"] if r not in with_logprobs
     )
     config = fuzz.CONFIGS["draft-N4-budget64"]
-    assert config.draft and config.steps == 4 and config.llm["max_num_batched_tokens"] == 64
+    assert config.drafter == "draft_model" and config.steps == 4 and config.llm["max_num_batched_tokens"] == 64
     draft_budget, *top_k = fuzz.REGRESSIONS["draft-N4-budget64"]
     assert len(draft_budget["requests"]) == 4
     assert all(b["requests"][0]["params"]["top_k"] and b["requests"][0]["params"]["temperature"] for b in top_k)

@@ -19,9 +19,10 @@ What is compared (see `compare_request`): a request both builds ran to the end
 must match in token ids, text, finish and stop reasons, and logprobs (ids and
 ranks exactly, values within LOGPROB_TOL), prompt logprobs included. Where the
 oracle cannot be exact it is not used: unseeded random requests (their draws
-depend on the batch) and random requests of a draft-model configuration (its
-oracle is upstream without drafts, exact for greedy only: upstream's own
-draft-model runs disagree run to run on CPU) get structural checks only
+depend on the batch) and random requests of a speculative configuration (draft
+model or ngram; its oracle is upstream without drafts, exact for greedy only:
+upstream's own draft-model runs disagree run to run on CPU, and its ngram runs
+die on its top-k bug) get structural checks only
 (finished, within max_tokens and min_tokens); an aborted request's tokens must
 be a prefix of the other build's. A request rejected at submission must be
 rejected by both. Any crash, a hang, or KV blocks still held after a batch is
@@ -69,8 +70,11 @@ class Config:
     llm: dict  # LLM kwargs beyond BASE, shared with the oracle
     steps: int  # --num-scheduler-steps
     async_off: bool = False  # True: async scheduling forced off in the overlay
-    draft: bool = False  # speculative decoding with the target as its own draft model
-    spec: dict | None = None  # other speculative configs, run by the oracle too
+    # Speculative decoding in the overlay only: "draft_model" (the target as its own
+    # draft) or "ngram". The oracle runs without drafts: upstream's own draft-model
+    # runs disagree run to run on CPU, and its ngram runs die on its top-k bug
+    # (patch 0012); without drafts it is exact for greedy requests.
+    drafter: str | None = None
     seeded_random: bool = True  # False where upstream itself cannot run them
     shared_prefix: bool = False
     structured: bool = True
@@ -81,18 +85,19 @@ class Config:
     @property
     def family(self) -> str:
         """Configs of one family share their oracle engine and their batches."""
-        keys = (self.model, self.llm, self.spec, self.seeded_random, self.shared_prefix, self.structured,
+        keys = (self.model, self.llm, self.seeded_random, self.shared_prefix, self.structured,
                 self.draft_params)  # fmt: skip
         return json.dumps(keys, sort_keys=True)
 
     def oracle_llm(self, model: str) -> dict:
-        llm = {**BASE, **self.llm, "model": model}
-        return {**llm, "speculative_config": self.spec} if self.spec else llm
+        return {**BASE, **self.llm, "model": model}
 
     def overlay_llm(self, model: str) -> dict:
         llm = self.oracle_llm(model)
-        if self.draft:
+        if self.drafter == "draft_model":
             llm["speculative_config"] = {"method": "draft_model", "model": model, "num_speculative_tokens": 3}
+        elif self.drafter == "ngram":
+            llm["speculative_config"] = NGRAM
         if self.steps != 1:
             llm["num_scheduler_steps"] = self.steps
         if self.async_off:
@@ -120,10 +125,10 @@ def _configs() -> dict[str, Config]:
         Config("prefix-N3-sync", "llama", {"enable_prefix_caching": True}, 3, async_off=True, shared_prefix=True),
         Config("maxlen96-N8", "llama", {"max_model_len": 96}, 8),
         Config("maxlen96-N5-sync", "llama", {"max_model_len": 96}, 5, async_off=True),
-        Config("ngram-N4", "llama", {}, 4, spec=NGRAM, structured=False),
-        Config("ngram-N1", "llama", {}, 1, spec=NGRAM, structured=False),
-        Config("draft-N4-budget64", "llama", CHUNKED, 4, draft=True, **chunked),
-        Config("draft-N2", "llama", {}, 2, draft=True, structured=False, draft_params=True),
+        Config("ngram-N4", "llama", {}, 4, drafter="ngram", structured=False, draft_params=True),
+        Config("ngram-N1", "llama", {}, 1, drafter="ngram", structured=False, draft_params=True),
+        Config("draft-N4-budget64", "llama", CHUNKED, 4, drafter="draft_model", **chunked),
+        Config("draft-N2", "llama", {}, 2, drafter="draft_model", structured=False, draft_params=True),
         Config("qwen3-N8", "qwen3", {}, 8),
         Config("qwen3-N4-sync", "qwen3", {}, 4, async_off=True),
     ]
@@ -289,7 +294,7 @@ def compare_batch(config: Config, batch: dict, ours: dict, theirs: dict, kinds: 
     # Where every token is the oracle's, so is the count (with drafts upstream
     # also counts accepted tokens past a stop string; see patch 0011).
     counted = (ours["generation_tokens"], theirs["generation_tokens"])
-    if batch_kinds <= {"exact", "rejected"} and not (config.spec or config.draft) and counted[0] != counted[1]:
+    if batch_kinds <= {"exact", "rejected"} and not config.drafter and counted[0] != counted[1]:
         problems.append(f"vllm:generation_tokens {counted[0]}, upstream {counted[1]}")
     return problems
 
@@ -302,7 +307,7 @@ def compare_request(config: Config, request: dict, ours: dict, theirs: dict) -> 
         found = [] if same else [f"submission: overlay {ours.get('rejected')!r}, upstream {theirs.get('rejected')!r}"]
         return "rejected", found
     random_draws = params.get("temperature", 1.0) > 0
-    if config.draft:  # the oracle has no drafts: exact for greedy requests without per-step history
+    if config.drafter:  # the oracle has no drafts: exact for greedy requests without per-step history
         exact = not random_draws and not any(params.get(k) for k in HISTORY_PER_STEP_WITH_DRAFTS)
     else:  # unseeded draws depend on the rest of the batch
         exact = not random_draws or "seed" in params
