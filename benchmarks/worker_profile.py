@@ -7,7 +7,7 @@ main thread for --seconds (idle samples included, so the shares are of wall
 time; helper threads left out), and sorts every sample into one bucket by the
 frames on its stack (BUCKETS or ENGINE_CORE_BUCKETS, first match wins).
 Shares are ratios within one run, so they move far less between runs than
-tokens/s on this machine (README gives the spread measured).
+tokens/s on this machine (docs/benchmarks.md gives the spread measured).
 
   .tool-venv/bin/python benchmarks/worker_profile.py --build overlay --kwargs '{"num_scheduler_steps": 8}'
   .tool-venv/bin/python benchmarks/worker_profile.py --build upstream --kwargs '{}'

@@ -65,9 +65,12 @@ def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
     Runs an engine of tests/support/parity.py ENGINES on a build; each
     (build, engine, async mode, scheduler steps) starts once per session, so the
     oracle's outputs are shared by every test that compares against them.
-    The outputs carry the engine's log under "engine_log".
+    Where the fuzzer's CI slice has the same engine config, its batches run
+    after the cases, in the same engine ("batches"). The outputs carry the
+    engine's log under "engine_log".
     """
     from support.engines import generate
+    from support.fuzz import slice_batches
     from support.parity import ASYNC_MODES, BASE, ENGINES
 
     done: dict[tuple, dict] = {}
@@ -84,8 +87,37 @@ def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
                 assert build == "overlay", "upstream has no multi-step decode"
                 llm["num_scheduler_steps"] = steps
             python = upstream_python if build == "upstream" else overlay_python
-            done[key], log = generate(python, {"llm": llm, "cases": cases}, tmp, "-".join(map(str, key)))
+            job = {"llm": llm, "cases": cases}
+            if batches := slice_batches(key):
+                job["batches"] = batches
+            done[key], log = generate(python, job, tmp, "-".join(map(str, key)), timeout=600 + 30 * len(batches))
             done[key]["engine_log"] = log
         return done[key]
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def upstream_server(upstream_python, tiny_llama, tmp_path_factory):
+    """Upstream's OpenAI server on the tiny Llama: the oracle of every served test, started once."""
+    from support.serve_cases import upstream_server as serving
+
+    with serving(upstream_python, tiny_llama, tmp_path_factory.mktemp("upstream-server") / "up.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def served(upstream_server, overlay_python, tiny_llama, tmp_path_factory):
+    """served(*overlay args) -> {"upstream": server, "overlay": server}: a context manager
+    starting the overlay's `vllm serve` beside the session's upstream server."""
+    from contextlib import contextmanager
+
+    from support.serve_cases import overlay_server
+
+    @contextmanager
+    def _pair(*args):
+        log = tmp_path_factory.mktemp("overlay-server") / "overlay.log"
+        with overlay_server(overlay_python, tiny_llama, log, args) as ours:
+            yield {"upstream": upstream_server, "overlay": ours}
+
+    return _pair

@@ -26,17 +26,14 @@ from support.serve_cases import (
     assert_same,
     client_for,
     completion,
-    server_pair,
 )
 
 STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def servers(upstream_python, overlay_python, tiny_llama, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("servers-multi-step")
-    args = ["--num-scheduler-steps", str(STEPS)]
-    with server_pair(upstream_python, overlay_python, tiny_llama, logs, args) as pair:
+def servers(served):
+    with served("--num-scheduler-steps", str(STEPS)) as pair:
         yield pair
 
 

@@ -6,20 +6,32 @@ scheduling off, started as `python -m vllm.entrypoints.openai.api_server`
 scheduling on (the default it now has on CPU). Completions and chat,
 streaming and not, greedy, seeded and n=2, with logprobs; then a client that
 disconnects mid-stream, after which the overlay server must have freed the
-request and its KV blocks and still answer exactly as upstream does.
+request and its KV blocks and still answer exactly as upstream does; and
+`vllm bench serve` against the overlay's server. The upstream server is the
+session's (conftest), shared with the other served tests.
 """
 
 from __future__ import annotations
 
-import time
+import json
 
 import pytest
-from support.serve_cases import CASES, GREEDY, MODEL, PROMPTS, assert_same, client_for, completion, server_pair
+from support.engines import run_env
+from support.serve_cases import (
+    CASES,
+    GREEDY,
+    MODEL,
+    PROMPTS,
+    assert_disconnect_frees_the_request,
+    assert_same,
+    client_for,
+    completion,
+)
 
 
 @pytest.fixture(scope="module")
-def servers(upstream_python, overlay_python, tiny_llama, tmp_path_factory):
-    with server_pair(upstream_python, overlay_python, tiny_llama, tmp_path_factory.mktemp("servers")) as pair:
+def servers(served):
+    with served() as pair:
         yield pair
 
 
@@ -34,22 +46,24 @@ def test_server_output_matches_upstream(servers, case):
 
 
 def test_client_disconnect_mid_stream_frees_the_request(servers):
-    overlay = servers["overlay"]
-    generated_before = overlay.metric("vllm:generation_tokens_total")
-    client = client_for(overlay)
-    stream = client.completions.create(
-        model=MODEL, prompt=PROMPTS[0], stream=True, max_tokens=400, temperature=0, extra_body={"ignore_eos": True}
+    assert_disconnect_frees_the_request(servers["overlay"], servers["upstream"], PROMPTS[0])
+
+
+def test_vllm_serve_names_the_overlay_and_answers_chat(servers):
+    chat = client_for(servers["overlay"]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
     )
-    received = 0
-    for _chunk in stream:
-        received += 1
-        if received == 3:
-            break
-    stream.close()  # the client goes away with the request still generating
-    deadline = time.monotonic() + 60
-    while overlay.metric("vllm:num_requests_running") > 0 or overlay.metric("vllm:kv_cache_usage_perc") > 0:
-        assert time.monotonic() < deadline, "the aborted request kept running or kept its KV blocks"
-        time.sleep(0.5)
-    assert overlay.metric("vllm:generation_tokens_total") - generated_before < 400  # stopped early
-    # the server still answers, exactly as upstream does
-    assert_same(completion(overlay, False, **GREEDY), completion(servers["upstream"], False, **GREEDY))
+    assert chat.choices[0].message.content is not None
+    assert "Running the vllm-overlay" in servers["overlay"].log.read_text()
+
+
+def test_vllm_bench_serve_runs(servers, overlay_python, tiny_llama, tmp_path):
+    proc = run_env(
+        overlay_python.parent / "vllm", "bench", "serve", "--base-url", servers["overlay"].base, "--model", MODEL,
+        "--tokenizer", tiny_llama, "--dataset-name", "random", "--random-input-len", "16",
+        "--random-output-len", "8", "--num-prompts", "8", "--ignore-eos", "--save-result",
+        "--result-dir", tmp_path, "--result-filename", "bench.json", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 8 and result["total_output_tokens"] == 64

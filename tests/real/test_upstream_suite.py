@@ -2,14 +2,15 @@
 
 tests/upstream_suite/run.sh runs seven upstream test files (scheduler, async
 scheduler, prefix caching, input batch, multiproc executor, ngram, shm
-broadcast) with the installed vLLM, and with STRICT_COUNTS=1 fails unless each
+broadcast) with the installed vLLM, in one pytest process, and with STRICT_COUNTS=1 fails unless each
 file passes exactly as many tests as it does on unpatched upstream 0.32.0
 (161/19/173/14/6/2/58; the llava-dependent tests in deselect.txt cannot run on
 either). It also runs the overlay's own tests in upstream's style, carried by
-patches 0005, 0006, 0008, 0010 and 0012 (tests/v1/core/test_multi_step_scheduler.py,
+patches 0005, 0006, 0008, 0010, 0012 and 0013 (tests/v1/core/test_multi_step_scheduler.py,
 39 tests; tests/v1/worker/test_multi_step_merge.py, 2 tests;
 tests/v1/core/test_multi_step_spec.py, 11 tests;
-tests/distributed/test_shm_wakeup.py, 8 tests; tests/v1/sample/test_cpu_spec_sampling.py, 6 tests).
+tests/distributed/test_shm_wakeup.py, 8 tests; tests/v1/sample/test_cpu_spec_sampling.py, 6 tests;
+tests/v1/worker/test_async_output_token_ids.py, 2 tests).
 """
 
 import os
@@ -32,5 +33,6 @@ def test_upstream_unit_tests_pass_on_overlay(overlay_python, tmp_path):
         capture_output=True, text=True, env={**os.environ, "STRICT_COUNTS": "1"}, timeout=3600,
     )  # fmt: skip
     summary = proc.stdout[proc.stdout.find("=== summary") - 20 :]
+    print(summary)  # per-file counts and seconds, in pytest's report of the test (-rP)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "result: PASS" in summary

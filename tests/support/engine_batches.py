@@ -26,9 +26,10 @@ import traceback
 MAX_STEPS = 4000
 
 
-def run_batches(llm, batches: list[dict], out_path: str, completion) -> dict:
-    """Every batch on ``llm``; ``completion`` turns a CompletionOutput into JSON."""
-    result: dict = {"batches": [], "failure": None}
+def run_batches(llm, batches: list[dict], out_path: str, completion, result: dict | None = None) -> dict:
+    """Every batch on ``llm``, added to ``result`` (what ran before them, written with
+    them); ``completion`` turns a CompletionOutput into JSON."""
+    result = {**(result or {}), "batches": [], "failure": None}
     for index, batch in enumerate(batches):
         try:
             result["batches"].append(_run_batch(llm, batch, f"b{index}-", completion))

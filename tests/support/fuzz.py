@@ -41,6 +41,7 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -50,15 +51,21 @@ if __name__ == "__main__":
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.engines import generate  # noqa: E402
-from support.parity import BASE, LOGPROB_TOL, SCHEMA, STOP_IDS, first_diff  # noqa: E402
+from support.parity import (  # noqa: E402
+    BASE,
+    CHUNKED,
+    ENGINES,
+    LOGPROB_TOL,
+    NGRAM,
+    PREEMPT,
+    SCHEMA,
+    STOP_IDS,
+    first_diff,
+)
 
 VOCAB = range(4, 512)  # the tiny models' tokens past <s> </s> <unk> <pad>
 STOP_STRINGS = ["e", " the", "a", "o", "s t", "\n"]
 BAD_WORDS = ["e", "a", "t", " the", "o"]
-PREEMPT = {"num_gpu_blocks_override": 6, "block_size": 128, "max_num_seqs": 8}
-# Small batches and budget: prompts run in chunks. Also the budget of issue 18's second crash.
-CHUNKED = {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 4}
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
 @dataclass(frozen=True)
@@ -137,9 +144,40 @@ def _configs() -> dict[str, Config]:
 
 CONFIGS = _configs()
 # The README's test command runs these (tests/real/test_fuzz.py): both crashes of issue 18 with
-# async on and off and in the small budget; four overlay and two upstream engine starts (the
-# small-budget and draft-model configs share their oracle). The long run takes all.
+# async on and off and in the small budget. Where a parity engine (tests/support/parity.py) has
+# the same config, the slice's batches run on it after its cases (one engine start serves
+# both): here every oracle and all but the draft-model overlay engine. The long run takes all.
 CI_CONFIGS = ["default-N8", "default-N8-sync", "chunked-N16", "draft-N4-budget64"]
+CI_SEED = 1800  # fixed: the slice is the same batches on every run
+CI_PER_CONFIG = 40  # batches are cheap (~0.4 s); the engine starts are what the slice costs
+
+
+def ci_batches(name: str) -> list[dict]:
+    """A CI configuration's batches: its regressions, then its random ones."""
+    return REGRESSIONS.get(name, []) + batches_for(CONFIGS[name], CI_SEED, CI_PER_CONFIG)
+
+
+def parity_key(build: str, config: Config) -> tuple | None:
+    """The parity run (build, engine, async mode, steps) with the engine ``config`` needs, if any."""
+    engine = next((e for e, (model, llm, _) in ENGINES.items() if (model, llm) == (config.model, config.llm)), None)
+    if engine is None or (build == "overlay" and config.drafter):
+        return None
+    if build == "upstream":
+        return build, engine, "default", 1
+    return build, engine, "off" if config.async_off else "default", config.steps
+
+
+def slice_batches(key: tuple) -> list[dict]:
+    """The CI slice's batches the parity run ``key`` runs after its cases (each once)."""
+    batches = [b for name in CI_CONFIGS if parity_key(key[0], CONFIGS[name]) == key for b in ci_batches(name)]
+    return list({json.dumps(b, sort_keys=True): b for b in batches}.values())
+
+
+def slice_results(key: tuple, outputs: dict, batches: list[dict]) -> dict:
+    """``batches``' results from the outputs of parity run ``key`` (Runner.run's shape)."""
+    ran = [json.dumps(b, sort_keys=True) for b in slice_batches(key)]
+    return {"batches": [outputs["batches"][ran.index(json.dumps(b, sort_keys=True))] for b in batches],
+            "failure": None}  # fmt: skip
 
 
 # -- scenarios ---------------------------------------------------------------
@@ -253,9 +291,21 @@ def _regressions() -> dict[str, list[dict]]:
                        "params": {"temperature": t, "top_k": k, "max_tokens": 3, "ignore_eos": True, **extra}}]}
         for prompt, t, k, extra in ((prompts[0], 0.87, 5, {}), (found, 0.9, 100, {"repetition_penalty": 0.99}))
     ]  # fmt: skip
+    # Found by the fuzzer (patch 0013), upstream's own under async scheduling: a
+    # min_tokens request runs alone (a placeholder per step, none replaced), then a
+    # penalties request joins and its first step shrank the first one's output to
+    # one token, so min_tokens kept masking its stop ids. Nearly every token is a
+    # stop id here: the request must end right at min_tokens + 1 tokens (measured
+    # without the patch: 40 to 48 tokens).
+    stops_after_min = {"requests": [
+        {"id": "r0", "prompt": prompts[3], "arrive": 0, "abort": None,
+         "params": {"temperature": 0.0, "max_tokens": 48, "min_tokens": 30, "stop_token_ids": list(VOCAB)[8:]}},
+        {"id": "r1", "prompt": prompts[4], "arrive": 1, "abort": None,
+         "params": {"temperature": 0.0, "max_tokens": 5, "frequency_penalty": 1.0, "ignore_eos": True}},
+    ]}  # fmt: skip
     return {
-        "default-N8": [mixed_logprobs],
-        "default-N8-sync": [mixed_logprobs],
+        "default-N8": [mixed_logprobs, stops_after_min],
+        "default-N8-sync": [mixed_logprobs, stops_after_min],
         "draft-N4-budget64": [draft_budget, *top_k],
     }
 
@@ -461,9 +511,13 @@ class Runner:
     oracle_cache: dict = field(default_factory=dict)
     kinds: dict = field(default_factory=dict)  # requests by how they were compared
     oracle_unstable: int = 0  # batches left out: upstream disagreed with itself
+    # shared(build, config, batches): results from an engine started for other tests too, or None
+    shared: Callable[[str, Config, list[dict]], dict | None] | None = None
 
     def run(self, build: str, config: Config, batches: list[dict], tag: str) -> dict:
         """{"batches": [...], "failure": None | {...}}: what ran, and how it ended."""
+        if self.shared is not None and (out := self.shared(build, config, batches)) is not None:
+            return out
         model = str(self.models[config.model])
         llm = config.overlay_llm(model) if build == "overlay" else config.oracle_llm(model)
         spec = {"llm": llm, "batches": batches}

@@ -5,7 +5,8 @@ spec can be run on both and the outputs compared token for token.
 
 Usage: python generate.py SPEC.json OUT.json, where SPEC is
 {"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]}
-(or "batches" in place of "cases": the fuzzer's, run by engine_batches.py);
+and/or "batches" (the fuzzer's, run by engine_batches.py after the cases, so one
+engine start serves a parity run and the fuzzer's slice);
 or python generate.py --serve, which runs one such job per line of standard
 input ({"spec": SPEC.json, "out": OUT.json, "log": LOG}) in this one process, so
 vLLM is imported once for all of them (about 10 s per engine start on the test
@@ -15,8 +16,9 @@ environment is restored after it; "ok" or "error" answers each line.
 OUT holds, per case and prompt, each completion's token ids, text, finish
 reason and logprobs, the prompt logprobs, the engine's resolved async
 scheduling setting, and the engine's counters after all cases (preemptions,
-prefix-cache hits, spec-decode acceptance, engine steps) so tests can show a
-feature was really exercised.
+prefix-cache hits, spec-decode acceptance, engine steps) and what each case
+added to them ("case_counters"), so tests can show a feature was really
+exercised, by one case of an engine shared by several tests.
 """
 
 import json
@@ -33,6 +35,9 @@ def _logprobs(entries) -> list | None:
     return [None if pos is None else sorted([tid, lp.logprob, lp.rank] for tid, lp in pos.items()) for pos in entries]
 
 
+_GAUGES: set[str] = set()  # names _counters saw as gauges (a value, not a running total)
+
+
 def _counters(llm) -> dict[str, float]:
     from vllm.v1.metrics.reader import Counter, Gauge, Histogram
 
@@ -40,9 +45,16 @@ def _counters(llm) -> dict[str, float]:
     for metric in llm.get_metrics():
         if isinstance(metric, (Counter, Gauge)):
             totals[metric.name] = totals.get(metric.name, 0) + metric.value
+            if isinstance(metric, Gauge):
+                _GAUGES.add(metric.name)
         elif isinstance(metric, Histogram):  # e.g. vllm:iteration_tokens_total_count: engine steps
             totals[metric.name + "_count"] = totals.get(metric.name + "_count", 0) + metric.count
     return totals
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """What one case added to each counter (a gauge: its value after the case)."""
+    return {k: v if k in _GAUGES else v - before.get(k, 0) for k, v in after.items()}
 
 
 def run(spec_path: str, out_path: str) -> None:
@@ -50,16 +62,24 @@ def run(spec_path: str, out_path: str) -> None:
         spec = json.load(f)
     from vllm import LLM
 
-    llm = LLM(**{"disable_log_stats": False, **spec["llm"]})
+    # The multiprocessing executor, as without VLLM_ENABLE_V1_MULTIPROCESSING=0 (engines.py):
+    # the model runs in its own worker process behind the shared-memory queues.
+    llm = LLM(**{"disable_log_stats": False, "distributed_executor_backend": "mp", **spec["llm"]})
     try:
+        out = {"async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)}
+        if "cases" in spec:
+            out["cases"], out["case_counters"] = [], []
+            for case in spec["cases"]:
+                before = _counters(llm)
+                out["cases"].append(_case(llm, case))
+                out["case_counters"].append(_delta(_counters(llm), before))
+            out["counters"] = _counters(llm)  # the cases' alone: batches run after them
         if "batches" in spec:  # the fuzzer's: per-request parameters, arrivals, aborts
             from engine_batches import run_batches
 
-            out = run_batches(llm, spec["batches"], out_path, sys.modules[__name__])
-        else:
-            out = {"cases": [_case(llm, case) for case in spec["cases"]]}
-        out["counters"] = _counters(llm)
-        out["async_scheduling"] = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
+            out = run_batches(llm, spec["batches"], out_path, sys.modules[__name__], out)
+        out.setdefault("counters", _counters(llm))
+        out["gauges"] = sorted(_GAUGES)
     finally:  # the next job of --serve must not start beside this engine's processes
         llm.llm_engine.engine_core.shutdown()
     with open(out_path, "w") as f:

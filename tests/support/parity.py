@@ -62,13 +62,39 @@ SCHEMA = {
 }
 
 BASE = {"dtype": "float32", "max_model_len": 512, "seed": 0}
-# name: (model, extra LLM kwargs, cases)
+# Few sequences and a small budget: long prompts run in chunks (also the budget of
+# issue 18's second crash; the fuzzer's chunked configs use it too).
+CHUNKED = {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 4}
+# 6 blocks of 128 tokens for 8 requests growing to ~170 tokens (2 blocks) each
+PREEMPT = {"num_gpu_blocks_override": 6, "block_size": 128, "max_num_seqs": 8}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# Prefix caching is on by default: shared prefixes hit the cache (and so does
+# every case after the first, with the same prompts).
+PREFIX_CASES = [
+    {"prompts": SHARED_PREFIX, "params": CASES["greedy"]},
+    {"prompts": SHARED_PREFIX, "params": CASES["seeded"]},
+]
+STRUCTURED_CASE = {
+    "prompts": PROMPTS[:4],
+    "params": {"temperature": 0.0, "max_tokens": 40, "structured_outputs": {"json": SCHEMA}},
+}
+# Greedy cases for speculative decoding inside windows (tests/real/test_multi_step_spec.py,
+# whose oracle is this engine's upstream run: drafts may change speed, never tokens).
+SPEC_CASES = [
+    {"prompts": REPETITIVE + PROMPTS, "params": {**CASES["greedy"], "max_tokens": 48}},
+    {"prompts": PROMPTS, "params": CASES["stop_ids"]},  # stops inside windows, inside accepted drafts
+    {"prompts": PROMPTS, "params": CASES["max3"]},  # fewer tokens than a window
+    {"prompts": PROMPTS, "params": {**CASES["logprobs"], "prompt_logprobs": None}},  # rows per accepted token
+]
+# name: (model, extra LLM kwargs, cases). One engine start runs every case of an
+# engine: the Llama's sampling matrix, shared prefixes, structured output and the
+# spec-decode cases (case_index finds one).
 ENGINES = {
-    "llama": ("llama", {}, SAMPLING),
+    "llama": ("llama", {}, SAMPLING + PREFIX_CASES + [STRUCTURED_CASE] + SPEC_CASES),
     "qwen3": ("qwen3", {}, SAMPLING),
     "chunked": (
         "llama",
-        {"enable_chunked_prefill": True, "max_num_batched_tokens": 32, "max_num_seqs": 8},
+        CHUNKED,
         # No seeded sampling here: upstream 0.32 on CPU crashes when a seeded
         # request has a partial prefill chunk ("CPU Generator does not use
         # offset", gpu_model_runner.py:3499), with async scheduling on or off.
@@ -78,48 +104,38 @@ ENGINES = {
             {"prompts": LONG_PROMPTS, "params": {**CASES["logprobs"], "prompt_logprobs": 1}},
         ],
     ),
-    "prefix": (
-        "llama",
-        {"enable_prefix_caching": True},
-        [
-            {"prompts": SHARED_PREFIX, "params": CASES["greedy"]},
-            {"prompts": SHARED_PREFIX, "params": CASES["seeded"]},
-        ],
-    ),
     "preempt": (
         "llama",
-        # 6 blocks of 128 tokens for 8 requests growing to ~170 tokens (2 blocks) each
-        {"num_gpu_blocks_override": 6, "block_size": 128, "max_num_seqs": 8},
+        PREEMPT,
         [
             {"prompts": PROMPTS, "params": {**CASES["greedy"], "max_tokens": 160}},
             {"prompts": PROMPTS, "params": {**CASES["seeded"], "max_tokens": 160}},
         ],
     ),
-    "structured": (
-        "llama",
-        {},
-        [
-            {
-                "prompts": PROMPTS[:4],
-                "params": {"temperature": 0.0, "max_tokens": 40, "structured_outputs": {"json": SCHEMA}},
-            }
-        ],
-    ),
     "ngram": (
         "llama",
-        {
-            "speculative_config": {
-                "method": "ngram",
-                "num_speculative_tokens": 3,
-                "prompt_lookup_max": 3,
-                "prompt_lookup_min": 1,
-            }
-        },
+        {"speculative_config": NGRAM},
         [{"prompts": REPETITIVE, "params": {**CASES["greedy"], "max_tokens": 48}}],
     ),
 }
 # Overlay runs: async scheduling by default (None: the engine decides) and forced off.
 ASYNC_MODES = {"default": None, "off": False}
+
+
+def case_index(engine: str, case: dict) -> int:
+    """Where ``case`` is in ``engine``'s cases (and so in its outputs' "cases" and "case_counters")."""
+    return ENGINES[engine][2].index(case)
+
+
+def case_outputs(outputs: dict, engine: str, cases: list[dict]) -> dict:
+    """``outputs`` of ``engine`` cut to ``cases`` (consecutive there), with their counters summed."""
+    start = case_index(engine, cases[0])
+    assert ENGINES[engine][2][start : start + len(cases)] == cases, cases
+    counters: dict[str, float] = {}
+    for case in outputs["case_counters"][start : start + len(cases)]:
+        for name, value in case.items():  # a gauge: its value after the last case
+            counters[name] = value if name in outputs["gauges"] else counters.get(name, 0) + value
+    return {**outputs, "cases": outputs["cases"][start : start + len(cases)], "counters": counters}
 
 
 def assert_same_outputs(ours: dict, theirs: dict, engine: str = "", cases: list | None = None) -> None:

@@ -88,18 +88,36 @@ CASES = {
 
 
 @contextmanager
-def server_pair(upstream_python: Path, overlay_python: Path, model: Path, logs: Path, overlay_args=()):
-    """Upstream's api_server (its `vllm` command cannot start) and the overlay's `vllm serve`."""
-    common = [model, "--dtype", "float32", "--max-model-len", "512", "--served-model-name", MODEL, "--seed", "0"]
-    up = Server([upstream_python, "-m", "vllm.entrypoints.openai.api_server", "--model", *common], logs / "up.log")
-    ours = Server([overlay_python.parent / "vllm", "serve", *common, *overlay_args], logs / "overlay.log")
+def _serving(cmd: list, log: Path):
+    server = Server(cmd, log)
     try:
-        up.wait_ready()
-        ours.wait_ready()
-        yield {"upstream": up, "overlay": ours}
+        server.wait_ready()
+        yield server
     finally:
-        up.stop()
-        ours.stop()
+        server.stop()
+
+
+def _common(model: Path) -> list:
+    return [model, "--dtype", "float32", "--max-model-len", "512", "--served-model-name", MODEL, "--seed", "0"]
+
+
+def upstream_server(upstream_python: Path, model: Path, log: Path):
+    """Upstream's api_server, the oracle (its `vllm` command cannot start)."""
+    return _serving([upstream_python, "-m", "vllm.entrypoints.openai.api_server", "--model", *_common(model)], log)
+
+
+def overlay_server(overlay_python: Path, model: Path, log: Path, args=()):
+    """The overlay's `vllm serve`, with ``args`` beyond upstream's."""
+    return _serving([overlay_python.parent / "vllm", "serve", *_common(model), *args], log)
+
+
+@contextmanager
+def server_pair(upstream_python: Path, overlay_python: Path, model: Path, logs: Path, overlay_args=()):
+    with (
+        upstream_server(upstream_python, model, logs / "up.log") as up,
+        overlay_server(overlay_python, model, logs / "overlay.log", overlay_args) as ours,
+    ):
+        yield {"upstream": up, "overlay": ours}
 
 
 def assert_disconnect_frees_the_request(overlay: Server, upstream: Server, prompt: str) -> None:
