@@ -26,7 +26,17 @@ from pathlib import Path
 import pytest
 from support.cli import ROOT
 from support.engines import generate
-from support.parity import BASE, ENGINES, NGRAM, PREEMPT, REPETITIVE, SPEC_CASES, assert_same_outputs, case_outputs
+from support.parity import (
+    BASE,
+    ENGINES,
+    NGRAM,
+    PREEMPT,
+    REPETITIVE,
+    SPEC_CASES,
+    assert_same_outputs,
+    case_outputs,
+    engine_with,
+)
 from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, assert_same, completion
 
 # name: (drafter, steps, engine overrides, cases); N = 4: windows of several inner steps
@@ -72,12 +82,9 @@ def spec_run(upstream_python, overlay_python, drafters, parity_run, tiny_llama, 
     """
     tmp = tmp_path_factory.mktemp("spec")
     done: dict = {}
-    parity_engines = {
-        json.dumps(extra, sort_keys=True): e for e, (model, extra, _) in ENGINES.items() if model == "llama"
-    }
 
     def _oracle(overrides: dict, target: Path, spec_config: dict | None, cases: list[dict]) -> dict:
-        engine = parity_engines.get(json.dumps(overrides, sort_keys=True))
+        engine = engine_with("llama", overrides)
         if spec_config is None and target == tiny_llama and engine is not None:
             return case_outputs(parity_run("upstream", engine), engine, cases)
         oracle = {**BASE, **overrides, "model": str(target)}

@@ -2,7 +2,8 @@
 
 tests/upstream_suite/run.sh runs seven upstream test files (scheduler, async
 scheduler, prefix caching, input batch, multiproc executor, ngram, shm
-broadcast) with the installed vLLM, in one pytest process, and with STRICT_COUNTS=1 fails unless each
+broadcast) with the installed vLLM, in two pytest processes (the distributed tests apart),
+and with STRICT_COUNTS=1 fails unless each
 file passes exactly as many tests as it does on unpatched upstream 0.32.0
 (161/19/173/14/6/2/58; the llava-dependent tests in deselect.txt cannot run on
 either). It also runs the overlay's own tests in upstream's style, carried by

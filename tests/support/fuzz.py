@@ -54,12 +54,12 @@ from support.engines import generate  # noqa: E402
 from support.parity import (  # noqa: E402
     BASE,
     CHUNKED,
-    ENGINES,
     LOGPROB_TOL,
     NGRAM,
     PREEMPT,
     SCHEMA,
     STOP_IDS,
+    engine_with,
     first_diff,
 )
 
@@ -159,7 +159,7 @@ def ci_batches(name: str) -> list[dict]:
 
 def parity_key(build: str, config: Config) -> tuple | None:
     """The parity run (build, engine, async mode, steps) with the engine ``config`` needs, if any."""
-    engine = next((e for e, (model, llm, _) in ENGINES.items() if (model, llm) == (config.model, config.llm)), None)
+    engine = engine_with(config.model, config.llm)
     if engine is None or (build == "overlay" and config.drafter):
         return None
     if build == "upstream":

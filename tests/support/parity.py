@@ -122,6 +122,11 @@ ENGINES = {
 ASYNC_MODES = {"default": None, "off": False}
 
 
+def engine_with(model: str, extra: dict) -> str | None:
+    """The ENGINES entry that runs ``model`` with these LLM kwargs beyond BASE, if any."""
+    return next((name for name, (m, llm, _) in ENGINES.items() if (m, llm) == (model, extra)), None)
+
+
 def case_index(engine: str, case: dict) -> int:
     """Where ``case`` is in ``engine``'s cases (and so in its outputs' "cases" and "case_counters")."""
     return ENGINES[engine][2].index(case)
