@@ -13,14 +13,14 @@ and aborts. One engine per configuration runs all of its batches
 16, async scheduling on and off, small max_num_seqs and
 max_num_batched_tokens (chunked prefill), a KV cache small enough to preempt,
 prefix caching with shared prefixes, a max_model_len cap, and speculative
-decoding with ngram and a draft model.
+decoding with ngram, a draft model, an EAGLE head and an MTP layer.
 
 What is compared (see `compare_request`): a request both builds ran to the end
 must match in token ids, text, finish and stop reasons, and logprobs (ids and
 ranks exactly, values within LOGPROB_TOL), prompt logprobs included. Where the
 oracle cannot be exact it is not used: unseeded random requests (their draws
 depend on the batch) and random requests of a speculative configuration (draft
-model or ngram; its oracle is upstream without drafts, exact for greedy only:
+model, ngram, EAGLE or MTP; its oracle is upstream without drafts, exact for greedy only:
 upstream's own draft-model runs disagree run to run on CPU, and its ngram runs
 die on its top-k bug) get structural checks only
 (finished, within max_tokens and min_tokens); an aborted request's tokens must
@@ -78,9 +78,10 @@ class Config:
     steps: int  # --num-scheduler-steps
     async_off: bool = False  # True: async scheduling forced off in the overlay
     # Speculative decoding in the overlay only: "draft_model" (the target as its own
-    # draft) or "ngram". The oracle runs without drafts: upstream's own draft-model
-    # runs disagree run to run on CPU, and its ngram runs die on its top-k bug
-    # (patch 0012); without drafts it is exact for greedy requests.
+    # draft), "ngram", "eagle" (tests/support/tiny_eagle.py's head) or "mtp" (the
+    # "mimo" target's own MTP layer). The oracle runs without drafts: upstream's own
+    # draft-model runs disagree run to run on CPU, and its ngram runs die on its
+    # top-k bug (patch 0009); without drafts it is exact for greedy requests.
     drafter: str | None = None
     seeded_random: bool = True  # False where upstream itself cannot run them
     shared_prefix: bool = False
@@ -99,17 +100,27 @@ class Config:
     def oracle_llm(self, model: str) -> dict:
         return {**BASE, **self.llm, "model": model}
 
-    def overlay_llm(self, model: str) -> dict:
-        llm = self.oracle_llm(model)
-        if self.drafter == "draft_model":
-            llm["speculative_config"] = {"method": "draft_model", "model": model, "num_speculative_tokens": 3}
-        elif self.drafter == "ngram":
-            llm["speculative_config"] = NGRAM
+    def overlay_llm(self, models: dict[str, Path]) -> dict:
+        llm = self.oracle_llm(str(models[self.model]))
+        if self.drafter is not None:
+            llm["speculative_config"] = speculative_config(self.drafter, llm["model"], models)
         if self.steps != 1:
             llm["num_scheduler_steps"] = self.steps
         if self.async_off:
             llm["async_scheduling"] = False
         return llm
+
+
+def speculative_config(drafter: str, target: str, models: dict[str, Path]) -> dict:
+    """The overlay's speculative_config for ``drafter`` (k = 3 where there is a choice)."""
+    if drafter == "ngram":
+        return NGRAM
+    config: dict = {"method": drafter, "num_speculative_tokens": 3}
+    if drafter == "draft_model":
+        config["model"] = target
+    elif drafter == "eagle":
+        config["model"] = str(models["eagle"])
+    return config  # mtp: the target's own MTP layer, no draft model
 
 
 def _configs() -> dict[str, Config]:
@@ -136,6 +147,8 @@ def _configs() -> dict[str, Config]:
         Config("ngram-N1", "llama", {}, 1, drafter="ngram", structured=False, draft_params=True),
         Config("draft-N4-budget64", "llama", CHUNKED, 4, drafter="draft_model", **chunked),
         Config("draft-N2", "llama", {}, 2, drafter="draft_model", structured=False, draft_params=True),
+        Config("eagle-N8", "llama", {}, 8, drafter="eagle", structured=False, draft_params=True),
+        Config("mtp-N4", "mimo", {}, 4, drafter="mtp", structured=False, draft_params=True),
         Config("qwen3-N8", "qwen3", {}, 8),
         Config("qwen3-N4-sync", "qwen3", {}, 4, async_off=True),
     ]
@@ -278,7 +291,7 @@ def _regressions() -> dict[str, list[dict]]:
          "params": {"temperature": 0.0, "max_tokens": 32, "ignore_eos": True}}
         for i in range(4)
     ]}  # fmt: skip
-    # Found by the fuzzer (patch 0012), upstream's own with drafts: a random
+    # Found by the fuzzer (patch 0009), upstream's own with drafts: a random
     # request with top-k (uninitialized per-token top-k), and one whose last
     # step gets no drafts (top-k over no rows).
     # fuzz seed 1800, minimized to this one request
@@ -291,7 +304,7 @@ def _regressions() -> dict[str, list[dict]]:
                        "params": {"temperature": t, "top_k": k, "max_tokens": 3, "ignore_eos": True, **extra}}]}
         for prompt, t, k, extra in ((prompts[0], 0.87, 5, {}), (found, 0.9, 100, {"repetition_penalty": 0.99}))
     ]  # fmt: skip
-    # Found by the fuzzer (patch 0013), upstream's own under async scheduling: a
+    # Found by the fuzzer (patch 0010), upstream's own under async scheduling: a
     # min_tokens request runs alone (a placeholder per step, none replaced), then a
     # penalties request joins and its first step shrank the first one's output to
     # one token, so min_tokens kept masking its stop ids. Nearly every token is a
@@ -342,7 +355,7 @@ def compare_batch(config: Config, batch: dict, ours: dict, theirs: dict, kinds: 
             kinds[kind] = kinds.get(kind, 0) + 1
         problems += [f"{rid}: {problem}" for problem in found]
     # Where every token is the oracle's, so is the count (with drafts upstream
-    # also counts accepted tokens past a stop string; see patch 0011).
+    # also counts accepted tokens past a stop string; see patch 0008).
     counted = (ours["generation_tokens"], theirs["generation_tokens"])
     if batch_kinds <= {"exact", "rejected"} and not config.drafter and counted[0] != counted[1]:
         problems.append(f"vllm:generation_tokens {counted[0]}, upstream {counted[1]}")
@@ -518,8 +531,10 @@ class Runner:
         """{"batches": [...], "failure": None | {...}}: what ran, and how it ended."""
         if self.shared is not None and (out := self.shared(build, config, batches)) is not None:
             return out
-        model = str(self.models[config.model])
-        llm = config.overlay_llm(model) if build == "overlay" else config.oracle_llm(model)
+        if build == "overlay":
+            llm = config.overlay_llm(self.models)
+        else:
+            llm = config.oracle_llm(str(self.models[config.model]))
         spec = {"llm": llm, "batches": batches}
         timeout = 180 + 30 * len(batches)  # an engine start and generous batches; past it, a hang
         try:
@@ -693,9 +708,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
 
-    from support.venvs import test_builds
+    from support.venvs import draft_models, test_builds
 
     pythons, models = test_builds()
+    if any(CONFIGS[n].drafter in ("eagle", "mtp") for n in names):
+        models |= draft_models(pythons["upstream"], models["llama"])
     work = ROOT / "build" / "fuzz"
     work.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

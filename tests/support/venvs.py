@@ -77,3 +77,12 @@ def test_builds() -> tuple[dict[str, Path], dict[str, Path]]:
         "overlay": vllm_venv(BUILD / "venvs" / "overlay", overlay_wheel()),
     }
     return pythons, {arch: tiny_model(pythons["upstream"], arch) for arch in ("llama", "qwen3")}
+
+
+def draft_models(python: Path, llama: Path) -> dict[str, Path]:
+    """An EAGLE head for ``llama`` and a tiny MiMo target with its own MTP layer, built under build/models."""
+    eagle, mimo = BUILD / "models" / "tiny-llama-eagle", BUILD / "models" / "tiny-mimo-mtp"
+    for script, *args in (("tiny_eagle.py", llama, eagle), ("tiny_mtp.py", mimo)):
+        cmd = [python, ROOT / "tests" / "support" / script, *args]
+        subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    return {"eagle": eagle, "mimo": mimo}
