@@ -53,9 +53,8 @@ class BisectResult:
 
 def bisect(url: str, good: str, bad: str, series: Series, cache: Cache, *, patch: str | None = None,
            test: str | None = None, quiet: bool = False) -> BisectResult:  # fmt: skip
-    repo_obj, good_full = fetch_git(GitSource(url, good), cache, quiet=quiet)
+    repo, good_full = fetch_git(GitSource(url, good), cache, quiet=quiet)
     _repo, bad_full = fetch_git(GitSource(url, bad), cache, quiet=True)
-    repo = Path(repo_obj.git_dir)
     if git(repo, "merge-base", "--is-ancestor", good_full, bad_full, check=False).returncode != 0:
         raise InputError(f"--good {good} is not an ancestor of --bad {bad}")
     patches = list(series.patches)
@@ -64,6 +63,8 @@ def bisect(url: str, good: str, bad: str, series: Series, cache: Cache, *, patch
         if patch not in names:
             raise InputError(f"--patch {patch}: not in the series ({', '.join(names)})")
         patches = patches[: names.index(patch) + 1]
+    if series.layer is not None:
+        patches.insert(0, series.layer)
     commits = git(repo, "rev-list", "--first-parent", "--reverse", f"{good_full}..{bad_full}").stdout.split()
     tested: list[dict] = []
 

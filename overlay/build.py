@@ -10,9 +10,10 @@ from overlay import __version__ as OVERLAY_VERSION
 from overlay.errors import PatchError
 from overlay.fetch import Cache, fetch_artifact
 from overlay.lock import GitSource, Lock
+from overlay.modules import SRC_DIR
 from overlay.patching import SeriesResult, run_series
 from overlay.series import Series
-from overlay.tree import base_repo, changed_files, file_mode, read_blob
+from overlay.tree import UPSTREAM_TAG, base_repo, changed_files, file_mode, read_blob
 from overlay.wheel import Change, build_wheel, local_version
 
 
@@ -47,7 +48,7 @@ def build(lock: Lock, series: Series, cache: Cache, target: str, dist_dir: Path,
 
 def _change(repo: Path, tree: str, status: str, path: str) -> Change:
     new = None if status == "D" else read_blob(repo, tree, path)
-    old = None if status == "A" else read_blob(repo, "upstream", path)
+    old = None if status == "A" else read_blob(repo, UPSTREAM_TAG, path)
     mode = file_mode(repo, tree, path) if new is not None else 0o100644
     return Change(status, path, new, old, mode)
 
@@ -74,5 +75,6 @@ def _provenance(lock: Lock, series: Series, target: str, version: str, changes: 
         },
         "series_sha256": series.sha256,
         "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject} for p in series.patches],
+        "modules": [{"path": f"{SRC_DIR}/{m.path}", "sha256": m.sha256} for m in series.modules],
         "files": files,
     }

@@ -23,9 +23,10 @@ from overlay.errors import OverlayError
 DESCRIPTION = """\
 Build vLLM with this repository's patch series applied.
 
-The series (series + patches/) applies to the upstream vLLM pinned in
-upstream.lock. `build` lays the patched Python files over the pinned binary
-wheel and writes dist/<name>-<version>+ovl...whl; install it with pip.
+The series (our files in src/, then the hooks in series + patches/) applies
+to the upstream vLLM pinned in upstream.lock. `build` lays the patched Python
+files over the pinned binary wheel and writes dist/<name>-<version>+ovl...whl;
+install it with pip.
 """
 
 EPILOG = """\
@@ -34,8 +35,10 @@ commands, in the order a user meets them:
   fetch     download and verify the pinned source and binary wheel(s) into the cache
   check     dry-run the series on a scratch tree; fail on any conflict, offset
             drift, patch already upstream, or patch header without trailers
-  apply     create the maintainer tree (build/tree, branch 'patched', one commit per patch)
-  export    write patches/ and series back from the maintainer tree
+  apply     create the maintainer tree (build/tree, branch 'patched': a commit laying in
+            src/, then one commit per patch)
+  export    write the maintainer tree back: new files to src/, changes to upstream
+            files to patches/ and series
   test      run the test suite (pytest; extra arguments go to pytest)
   fuzz      differential fuzzing against the upstream wheel: seeded random mixed
             batches on both builds, compared token for token (--minutes M,
@@ -51,6 +54,21 @@ exit codes: 0 ok, 1 patch failed, 2 bad input, 3 fetch/checksum failed,
 
 
 def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="apply.py", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--version", action="version", version=f"vllm-overlay {OVERLAY_VERSION}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    common = _common_options()
+    for add in (_add_build, _add_fetch, _add_check, _add_apply, _add_export, _add_rebase, _add_bisect):
+        add(sub, common)
+    sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)
+    sub.add_parser("fuzz", help="fuzz the overlay against upstream (tests/support/fuzz.py)", add_help=False)
+    return p
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """Options every command takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--series",
@@ -67,11 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
-    p = argparse.ArgumentParser(prog="apply.py", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--version", action="version", version=f"vllm-overlay {OVERLAY_VERSION}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+    return common
 
+
+def _add_build(sub, common: argparse.ArgumentParser) -> None:
     b = sub.add_parser(
         "build",
         parents=[common],
@@ -86,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--dist", type=Path, default=ROOT / "dist", help="output folder (default: %(default)s)")
 
+
+def _add_fetch(sub, common: argparse.ArgumentParser) -> None:
     f = sub.add_parser(
         "fetch",
         parents=[common],
@@ -99,12 +118,15 @@ def _parser() -> argparse.ArgumentParser:
         help="which binary wheel(s) to fetch besides the source (default: this machine's)",
     )
 
+
+def _add_check(sub, common: argparse.ArgumentParser) -> None:
     c = sub.add_parser(
         "check",
         parents=[common],
         help="dry-run the series strictly on a scratch tree",
-        description="Apply the series to a scratch copy of the pin. Fails on any conflict, "
-        "offset drift, patch already upstream, or missing header trailer.",
+        description="Apply the series (src/, then the patches) to a scratch copy of the pin. Fails on any "
+        "conflict, offset drift, patch already upstream, missing header trailer, or an upstream name "
+        "contract.toml lists that the patched tree lacks.",
     )
     c.add_argument(
         "--drift-from",
@@ -115,25 +137,31 @@ def _parser() -> argparse.ArgumentParser:
         "older pin and the current one, even when the patch applies",
     )
 
+
+def _add_apply(sub, common: argparse.ArgumentParser) -> None:
     a = sub.add_parser(
         "apply",
         parents=[common],
         help="create the maintainer tree",
-        description="Create a git checkout of the pin with one commit per patch on "
-        "branch 'patched' (tag 'upstream' marks the base).",
+        description="Create a git checkout of the pin on branch 'patched' (tag 'upstream' marks the "
+        "base): one commit laying in src/, then one commit per patch.",
     )
     a.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="where (default: %(default)s)")
     a.add_argument("--force", action="store_true", help="replace an existing tree (loses unexported work)")
 
+
+def _add_export(sub, common: argparse.ArgumentParser) -> None:
     e = sub.add_parser(
         "export",
         parents=[common],
-        help="write patches/ and series from the tree",
-        description="Export upstream..HEAD of the maintainer tree as patches; "
-        "deterministic, so an unchanged branch rewrites no byte.",
+        help="write src/, patches/ and series from the tree",
+        description="Export upstream..HEAD of the maintainer tree: the files it adds to src/, its "
+        "changes to upstream files as patches; deterministic, so an unchanged branch rewrites no byte.",
     )
     e.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="which tree (default: %(default)s)")
 
+
+def _add_rebase(sub, common: argparse.ArgumentParser) -> None:
     r = sub.add_parser(
         "rebase",
         parents=[common],
@@ -159,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--tree", type=Path, default=ROOT / "build" / "rebase", help="rebase tree (default: %(default)s)")
     r.add_argument("--force", action="store_true", help="replace an existing rebase tree that holds no rebase")
 
+
+def _add_bisect(sub, common: argparse.ArgumentParser) -> None:
     bi = sub.add_parser(
         "bisect",
         parents=[common],
@@ -172,10 +202,6 @@ def _parser() -> argparse.ArgumentParser:
     bi.add_argument("--bad", required=True, help="a later commit where it does not")
     bi.add_argument("--patch", help="only the series up to and including this patch")
     bi.add_argument("--test", help="shell command run in the patched tree; non-zero exit = broken (125: skip)")
-
-    sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)
-    sub.add_parser("fuzz", help="fuzz the overlay against upstream (tests/support/fuzz.py)", add_help=False)
-    return p
 
 
 def main(argv: list[str]) -> int:
@@ -238,6 +264,7 @@ def cmd_fetch(args) -> int:
 
 
 def _series_report(args, strict: bool) -> int:
+    from overlay.contract import check_tree
     from overlay.patching import run_series
     from overlay.tree import base_repo
 
@@ -257,7 +284,8 @@ def _series_report(args, strict: bool) -> int:
         old = lockmod.load(args.drift_from.resolve())
         drift = series_drift(base_repo(old, cache, quiet=args.quiet), repo, series.patches)
     drifted = {name: found for name, found in drift.items() if found}
-    ok = result.ok(strict) and not problems and not drifted
+    contract = check_tree(series.path, series.modules, repo, result.tree) if result.tree else []
+    ok = result.ok(strict) and not problems and not drifted and not contract
     if args.json:
         patches = [r.as_json() for r in result.results]
         if args.drift_from:
@@ -265,7 +293,7 @@ def _series_report(args, strict: bool) -> int:
                 p["drift"] = [d.as_json() for d in drift.get(p["patch"], [])]
         report.emit_json({
             "ok": ok, "series_sha256": series.sha256, "upstream": lock.version,
-            "patches": patches, "problems": problems,
+            "patches": patches, "problems": problems, "contract": contract,
         })  # fmt: skip
     else:
         report.console().print(report.series_table(result, strict=strict))
@@ -274,6 +302,8 @@ def _series_report(args, strict: bool) -> int:
         for name, found in drifted.items():
             for d in found:
                 print(f"drift: {name}: {d}")
+        for line in contract:
+            print(f"contract: {line}")
         print(f"series {series.sha256[:12]}: {'ok' if ok else 'FAILED'} against vLLM {lock.version}")
     if problems and result.ok(strict):
         return errors.BAD_INPUT
@@ -401,8 +431,11 @@ def _rebase_summary(result) -> None:
     print(f"series {result.series_before[:12]} -> {result.series_after[:12]}; lock and patches/ written")
     for target, why in sorted(result.missing_wheels.items()):
         print(f"note: no {target} wheel: {why}; `build --target {target}` will refuse")
+    for line in result.contract:
+        print(f"contract: {line}", file=sys.stderr)
     if result.needs_review:
-        print("review needed: a patch drifted or was dropped (see the table)", file=sys.stderr)
+        print("review needed: a patch drifted or was dropped (see the table), or the contract broke",
+              file=sys.stderr)  # fmt: skip
 
 
 def cmd_bisect(args) -> int:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from overlay.series import Patch, _strip_prefix
+from overlay.series import Patch, strip_prefix
 
 _INDEX = re.compile(r"^index ([0-9a-f]{7,64})\.\.([0-9a-f]{7,64})")
 
@@ -106,7 +106,7 @@ def patch_drift(patch: Patch, read_old: Reader, read_new: Reader) -> list[Drift]
     """Drift of ``patch`` between the old and the new pre-image."""
     found: list[Drift] = []
     for pfile in patch.diff:
-        path = _strip_prefix(pfile.path)
+        path = strip_prefix(pfile.path)
         if not path.endswith(".py") or pfile.is_added_file:
             continue
         blob = next((m[1] for m in map(_INDEX.match, pfile.patch_info) if m), None)
@@ -170,6 +170,6 @@ def series_drift(old_repo, new_repo, patches) -> dict[str, list[Drift]]:
 
         for patch in patches:
             out[patch.name] = patch_drift(patch, read_old, read_new)
-            if index.apply(patch.path, check=False).returncode != 0:
+            if index.apply(patch.data, check=False).returncode != 0:
                 break
     return out

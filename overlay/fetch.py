@@ -19,6 +19,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from overlay.errors import FetchError, InputError
+from overlay.gitcmd import git
 from overlay.lock import Artifact, GitSource
 
 CACHE_ENV = "VLLM_OVERLAY_CACHE"
@@ -149,28 +150,36 @@ def _pip_download_wheel(art: Artifact, tmp: Path, *, quiet: bool) -> Path:
     return got
 
 
-def fetch_git(source: GitSource, cache: Cache, *, quiet: bool = False):
-    """Clone (or update) ``source.url`` into the cache; return (repo, full commit)."""
-    import git
+def fetch_git(source: GitSource, cache: Cache, *, quiet: bool = False) -> tuple[Path, str]:
+    """Clone (or update) ``source.url`` into a bare repo in the cache; return (repo, full commit).
 
+    The git command line, as everywhere else in the tool: one clone per URL, a
+    fetch of branches and tags only when the commit is not there yet.
+    """
     key = hashlib.sha256(source.url.encode()).hexdigest()[:16]
     path = cache.dir("git") / f"{key}.git"
-    try:
-        if not path.exists():
-            tmp = path.with_name(path.name + f".part-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not quiet:
-                print(f"cloning {source.url}", file=sys.stderr)
-            git.Repo.clone_from(source.url, tmp, bare=True)
-            os.replace(tmp, path)
-        repo = git.Repo(path)
-        try:
-            commit = repo.commit(source.commit)
-        except (git.BadName, ValueError):
-            repo.git.fetch(source.url, "+refs/heads/*:refs/heads/*", "--tags")
-            commit = repo.commit(source.commit)
-    except (git.BadName, ValueError):
-        raise InputError(f"commit {source.commit} not found in {source.url}") from None
-    except git.GitCommandError as e:
-        raise FetchError(f"git could not fetch {source.url}: {e.stderr.strip()}") from None
-    return repo, commit.hexsha
+    if not path.exists():
+        tmp = path.with_name(path.name + f".part-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not quiet:
+            print(f"cloning {source.url}", file=sys.stderr)
+        _git_fetching(path.parent, source.url, "clone", "--quiet", "--bare", source.url, str(tmp))
+        os.replace(tmp, path)
+    commit = _resolve_commit(path, source.commit)
+    if commit is None:
+        _git_fetching(path, source.url, "fetch", "--quiet", "--tags", source.url, "+refs/heads/*:refs/heads/*")
+        commit = _resolve_commit(path, source.commit)
+    if commit is None:
+        raise InputError(f"commit {source.commit} not found in {source.url}")
+    return path, commit
+
+
+def _resolve_commit(repo: Path, rev: str) -> str | None:
+    proc = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _git_fetching(cwd: Path, url: str, *args: str) -> None:
+    proc = git(cwd, *args, check=False)
+    if proc.returncode != 0:
+        raise FetchError(f"git could not fetch {url}: {proc.stderr.strip()}")

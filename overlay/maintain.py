@@ -1,8 +1,11 @@
 """The maintainer loop: a git branch of the patched tree to edit, exported back.
 
-``apply`` makes a checkout whose ``patched`` branch holds one commit per
-patch on top of the ``upstream`` tag; edit, commit, rebase there as usual.
-``export`` turns ``upstream..patched`` back into ``patches/`` and ``series``.
+``apply`` makes a checkout whose ``patched`` branch holds the module layer
+(src/) and then one commit per patch on top of the ``upstream`` tag; edit,
+commit, rebase there as usual (a change to one of our modules can go in any
+commit: export takes each added file's final content).
+``export`` turns ``upstream..patched`` back into ``patches/`` and ``series``
+(changes to upstream files) and ``src/`` (the files the branch adds).
 Export runs git without user configuration and with --zero-commit,
 --full-index, --no-signature and --no-numbered, so exporting an unchanged
 branch rewrites no byte.
@@ -19,9 +22,10 @@ from pathlib import Path
 
 from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
+from overlay.modules import SRC_DIR, write_modules
 from overlay.patching import SeriesResult, run_series
 from overlay.series import Series, parse_series_text, write_series
-from overlay.tree import UPSTREAM_TAG
+from overlay.tree import UPSTREAM_TAG, file_mode, read_blob
 
 BRANCH = "patched"
 SERIES_HEADER = "# Patch series, in apply order. Written by `apply.py export`; one file name per line.\n"
@@ -42,7 +46,7 @@ def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> Ser
         raise PatchError("the series does not apply; no tree was written", result)
     with new_tree(tree_dir, base) as work:
         git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
-        am_series(work, series.patches)
+        am_series(work, series.applied)
     return result
 
 
@@ -64,14 +68,19 @@ def new_tree(tree_dir: Path, base: Path) -> Iterator[Path]:
 
 
 def am_series(work: Path, patches) -> None:
-    """Commit each patch on the checked-out branch (``git am``, fixed identity)."""
+    """Commit each patch on the checked-out branch (``git am`` of its text, fixed identity)."""
     env = git_env()
     for patch in patches:
-        git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(patch.path), env=env)
+        git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", env=env, input=patch.data)
 
 
 def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
-    """Write ``upstream..HEAD`` of ``tree_dir`` as patches; return (name, change)."""
+    """Write ``upstream..HEAD`` of ``tree_dir`` back; return (name, change) per file.
+
+    Files the branch adds go to src/ beside ``series_path`` as HEAD has them
+    (names ``src/...``); its changes to upstream files become the patches, one
+    per commit that has any (a commit that only edits our modules has none).
+    """
     if not (tree_dir / ".git").exists():
         raise InputError(f"{tree_dir} is not a patched tree: run `apply.py apply` first")
     if git(tree_dir, "status", "--porcelain", "--untracked-files=no").stdout.strip():
@@ -80,10 +89,12 @@ def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
         raise InputError("the branch has merge commits; a series must be linear")
     patch_dir = series_path.parent / "patches"
     old = parse_series_text(series_path.read_text(), str(series_path)) if series_path.exists() else []
+    added = _added_files(tree_dir)
+    outside = [f":(exclude,literal){path}" for path in added]
     with tempfile.TemporaryDirectory() as tmp:
         git(tree_dir, "format-patch", "--quiet", "--zero-commit", "--full-index",
             "--no-signature", "--no-numbered", "--no-renames", "--output-directory", tmp,
-            f"{UPSTREAM_TAG}..HEAD", env=git_env())  # fmt: skip
+            f"{UPSTREAM_TAG}..HEAD", "--", ".", *outside, env=git_env())  # fmt: skip
         fresh = {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
     names = sorted(fresh)
     changes = []
@@ -102,4 +113,15 @@ def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
     new_text = SERIES_HEADER + "".join(f"{n}\n" for n in names)
     if not series_path.exists() or series_path.read_text() != new_text:
         write_series(series_path, names, SERIES_HEADER)
-    return changes
+    return changes + write_modules(series_path.parent / SRC_DIR, added)
+
+
+def _added_files(tree_dir: Path) -> dict[str, tuple[bytes, bool]]:
+    """path -> (HEAD's data, executable) for each file HEAD has and upstream does not."""
+    out = git(tree_dir, "diff-tree", "-r", "-z", "--no-renames", "--diff-filter=A", "--name-only",
+              UPSTREAM_TAG, "HEAD").stdout  # fmt: skip
+    return {
+        path: (read_blob(tree_dir, "HEAD", path), file_mode(tree_dir, "HEAD", path) == 0o100755)
+        for path in out.split("\0")
+        if path
+    }

@@ -63,9 +63,9 @@ class SeriesResult:
 
 
 def run_series(repo: Path, series: Series | list[Patch], *, strict: bool, base: str = UPSTREAM_TAG) -> SeriesResult:
-    """Apply ``series`` in a scratch index of ``base`` in ``repo``; stop at the first failure."""
+    """Apply ``series`` (its module layer first) in a scratch index of ``base``; stop at the first failure."""
     results: list[PatchResult] = []
-    patches = series.patches if isinstance(series, Series) else series
+    patches = series.applied if isinstance(series, Series) else series
     with scratch(repo, base) as index:
         for patch in patches:
             if results and not results[-1].ok(strict):
@@ -77,17 +77,17 @@ def run_series(repo: Path, series: Series | list[Patch], *, strict: bool, base: 
 
 
 def _apply_one(index: Scratch, patch: Patch) -> PatchResult:
-    if index.apply(patch.path, check=True, reverse=True).returncode == 0:
+    if index.apply(patch.data, check=True, reverse=True).returncode == 0:
         return PatchResult(patch, ALREADY_UPSTREAM, problem="reverse-applies cleanly: upstream already has it")
-    forward = index.apply(patch.path, check=True)
+    forward = index.apply(patch.data, check=True)
     if forward.returncode != 0:
-        return _conflict(patch, forward.stderr)
-    index.apply(patch.path, check=False)
-    offsets = _offsets(patch, forward.stderr)
+        return conflict_result(patch, forward.stderr)
+    index.apply(patch.data, check=False)
+    offsets = hunk_offsets(patch, forward.stderr)
     return PatchResult(patch, OFFSET if offsets else APPLIED, offsets)
 
 
-def _offsets(patch: Patch, log: str) -> list[str]:
+def hunk_offsets(patch: Patch, log: str) -> list[str]:
     """'file hunk #i: offset N lines' for each hunk git placed off its line."""
     found, current = [], None
     for line in log.splitlines():
@@ -98,7 +98,7 @@ def _offsets(patch: Patch, log: str) -> list[str]:
     return found
 
 
-def _conflict(patch: Patch, log: str) -> PatchResult:
+def conflict_result(patch: Patch, log: str) -> PatchResult:
     result = PatchResult(patch, CONFLICT)
     errors = [line for line in log.splitlines() if line.startswith("error: ")]
     for line in errors:

@@ -33,13 +33,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from overlay import lock as lockmod
+from overlay.contract import check_tree
 from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
-from overlay.maintain import am_series, export, new_tree
-from overlay.patching import _conflict, _offsets, run_series
-from overlay.series import Patch, Series, _strip_prefix, parse_series_text
+from overlay.maintain import BRANCH, am_series, export, new_tree
+from overlay.modules import SRC_DIR
+from overlay.patching import conflict_result, hunk_offsets, run_series
+from overlay.series import Patch, Series, parse_series_text, strip_prefix
 from overlay.series import load as load_series
 from overlay.tree import UPSTREAM_TAG
 
@@ -53,7 +55,6 @@ STOPS = (CONFLICT, TARGET_GONE)
 
 OLD_BASE_REF = "refs/overlay/old-upstream"
 OLD_BRANCH = "old-patched"
-BRANCH = "patched"
 STATE_DIR = "overlay-rebase"
 
 
@@ -84,6 +85,7 @@ class RebaseResult:
     series_after: str | None = None
     changes: list[tuple[str, str]] = field(default_factory=list)
     missing_wheels: dict[str, str] = field(default_factory=dict)
+    contract: list[str] = field(default_factory=list)  # upstream names our modules use, gone on the new base
 
     @property
     def stopped_at(self) -> Step | None:
@@ -91,8 +93,9 @@ class RebaseResult:
 
     @property
     def needs_review(self) -> bool:
-        """Completed, but a patch drifted, was dropped, or is already upstream."""
-        return any(s.drift or s.status == ALREADY_UPSTREAM or s.resolution == "dropped" for s in self.steps)
+        """Completed, but a patch drifted, was dropped, or is already upstream, or the contract broke."""
+        steps = any(s.drift or s.status == ALREADY_UPSTREAM or s.resolution == "dropped" for s in self.steps)
+        return steps or bool(self.contract)
 
     def as_json(self) -> dict:
         stop = self.stopped_at
@@ -108,11 +111,40 @@ class RebaseResult:
             "patches": [s.as_json() for s in self.steps],
             "exported": [{"patch": n, "change": c} for n, c in self.changes],
             "missing_wheels": self.missing_wheels,
+            "contract": self.contract,
         }
 
 
 def _pin_json(lock: Lock) -> dict:
     return {"version": lock.version, "commit": lock.commit, "source": lock.source_id}
+
+
+@dataclass
+class RebaseState:
+    """What a rebase in progress keeps in the tree's ``.git/overlay-rebase/state.json``."""
+
+    series: str  # the series file being rebased
+    lock: str  # its lock file
+    series_before: str  # the series hash at the start (export refuses if it moved)
+    old: dict  # the pins, as _pin_json writes them
+    new: dict
+    new_lock: str  # the lock to write on success (TOML)
+    lock_before_sha: str  # file digests at the start
+    series_before_sha: str
+    steps: list[Step]  # one per patch of the series (the module layer first)
+    next: int = 0  # index of the next step to replay
+    head_before_step: str | None = None  # HEAD before that step, to undo an interrupted one
+    version: int = 2
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "steps": [s.as_json() for s in self.steps]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> RebaseState:
+        if data.get("version") != 2:
+            raise InputError(f"rebase state version {data.get('version')}: started by another overlay version; "
+                             "`rebase --abort` and start again")  # fmt: skip
+        return cls(**{**data, "steps": [Step(**s) for s in data["steps"]]})
 
 
 class Rebase:
@@ -121,7 +153,7 @@ class Rebase:
     def __init__(self, tree: Path):
         self.tree = tree
         self.dir = tree / ".git" / STATE_DIR
-        self.state: dict = {}
+        self.state: RebaseState
 
     @property
     def in_progress(self) -> bool:
@@ -130,29 +162,22 @@ class Rebase:
     def load(self) -> Rebase:
         if not self.in_progress:
             raise InputError(f"no rebase in progress in {self.tree}")
-        self.state = json.loads((self.dir / "state.json").read_text())
+        self.state = RebaseState.from_json(json.loads((self.dir / "state.json").read_text()))
         return self
 
     def save(self) -> None:
         tmp = self.dir / "state.json.tmp"
-        tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True))
+        tmp.write_text(json.dumps(self.state.as_json(), indent=2, sort_keys=True))
         os.replace(tmp, self.dir / "state.json")
 
     def git(self, *args: str, check: bool = True):
         return git(self.tree, *args, env=git_env(extra={"GIT_EDITOR": "true"}), check=check)
 
-    @property
-    def steps(self) -> list[Step]:
-        return [Step(**s) for s in self.state["steps"]]
-
-    def _set_step(self, i: int, step: Step) -> None:
-        self.state["steps"][i] = step.as_json()
-
     def result(self, completed: bool) -> RebaseResult:
         st = self.state
         return RebaseResult(
-            self.tree, self.steps, st["old"], st["new"], completed, st["series_before"],
-            missing_wheels=lockmod.loads(st["new_lock"]).missing_wheels,
+            self.tree, list(st.steps), st.old, st.new, completed, st.series_before,
+            missing_wheels=lockmod.loads(st.new_lock).missing_wheels,
         )  # fmt: skip
 
     def am_in_progress(self) -> bool:
@@ -178,26 +203,23 @@ def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_ba
         git(work, "fetch", "--quiet", "--no-tags", str(old_base), f"+refs/tags/{UPSTREAM_TAG}:{OLD_BASE_REF}")
         # The series on the old base: the pre-image blobs for 3-way merges and drift.
         git(work, "checkout", "--quiet", "-b", OLD_BRANCH, OLD_BASE_REF)
-        am_series(work, series.patches)
+        am_series(work, series.applied)
         git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
     rb = Rebase(tree)
     (rb.dir / "patches").mkdir(parents=True)
-    for patch in series.patches:
-        shutil.copyfile(patch.path, rb.dir / "patches" / patch.name)
-    rb.state = {
-        "version": 1,
-        "series": str(series.path),
-        "lock": str(old_lock.path),
-        "series_before": series.sha256,
-        "old": _pin_json(old_lock),
-        "new": _pin_json(new_lock),
-        "new_lock": lockmod.dumps(new_lock),
-        "lock_before_sha": _file_digest(old_lock.path),
-        "series_before_sha": _file_digest(series.path),
-        "steps": [Step(p.name).as_json() for p in series.patches],
-        "next": 0,
-        "head_before_step": None,
-    }
+    for patch in series.applied:
+        (rb.dir / "patches" / patch.name).write_bytes(patch.data)
+    rb.state = RebaseState(
+        series=str(series.path),
+        lock=str(old_lock.path),
+        series_before=series.sha256,
+        old=_pin_json(old_lock),
+        new=_pin_json(new_lock),
+        new_lock=lockmod.dumps(new_lock),
+        lock_before_sha=_file_digest(old_lock.path),
+        series_before_sha=_file_digest(series.path),
+        steps=[Step(p.name) for p in series.applied],
+    )
     rb.save()
     return _run(rb)
 
@@ -209,13 +231,13 @@ def _file_digest(path: Path | None) -> str:
 def resume(tree: Path) -> RebaseResult:
     """``--continue``: take the maintainer's resolution of the stopped patch, go on."""
     rb = Rebase(tree).load()
-    i = rb.state["next"]
-    step = rb.steps[i]
+    i = rb.state.next
+    step = rb.state.steps[i]
     if step.status not in STOPS:
         # Interrupted while replaying this patch: undo whatever part of it happened, replay it.
         if rb.am_in_progress():
             rb.git("am", "--abort", check=False)
-        rb.git("reset", "--quiet", "--hard", rb.state["head_before_step"])
+        rb.git("reset", "--quiet", "--hard", rb.state.head_before_step)
         return _run(rb)
     if rb.am_in_progress():
         unmerged = rb.git("diff", "--name-only", "--diff-filter=U").stdout.split()
@@ -236,9 +258,9 @@ def resume(tree: Path) -> RebaseResult:
         if proc.returncode != 0:
             raise InputError(f"git am --continue failed in {tree}:\n{(proc.stdout + proc.stderr).strip()}")
     head = rb.git("rev-parse", "HEAD").stdout.strip()
-    step.resolution = "dropped" if head == rb.state["head_before_step"] else "resolved"
-    rb._set_step(i, step)
-    rb.state["next"] = i + 1
+    step.resolution = "dropped" if head == rb.state.head_before_step else "resolved"
+    rb.state.steps[i] = step
+    rb.state.next = i + 1
     rb.save()
     return _run(rb)
 
@@ -252,19 +274,19 @@ def abort(tree: Path) -> None:
 
 
 def _run(rb: Rebase) -> RebaseResult:
-    names = [s["patch"] for s in rb.state["steps"]]
-    while rb.state["next"] < len(names):
-        i = rb.state["next"]
+    names = [s.patch for s in rb.state.steps]
+    while rb.state.next < len(names):
+        i = rb.state.next
         patch_path = rb.dir / "patches" / names[i]
         patch = Patch(names[i], patch_path, patch_path.read_bytes())
-        rb.state["head_before_step"] = rb.git("rev-parse", "HEAD").stdout.strip()
+        rb.state.head_before_step = rb.git("rev-parse", "HEAD").stdout.strip()
         rb.save()
         step = _replay(rb, patch)
-        rb._set_step(i, step)
+        rb.state.steps[i] = step
         if step.status in STOPS:
             rb.save()
             return rb.result(completed=False)
-        rb.state["next"] = i + 1
+        rb.state.next = i + 1
         rb.save()
     return _finish(rb)
 
@@ -279,9 +301,9 @@ def _replay(rb: Rebase, patch: Patch) -> Step:
     forward = rb.git("apply", "--check", "--verbose", p, check=False)
     if forward.returncode == 0:
         rb.git("am", "--quiet", "--keep-cr", "--committer-date-is-author-date", p)
-        step.status, step.offsets = CLEAN, _offsets(patch, forward.stderr)
+        step.status, step.offsets = CLEAN, hunk_offsets(patch, forward.stderr)
         return step
-    failed = _conflict(patch, forward.stderr)
+    failed = conflict_result(patch, forward.stderr)
     step.file, step.hunk = failed.file, str(failed.hunk) if failed.hunk else None
     gone = [f for f in _modified_files(patch) if rb.git("cat-file", "-e", f"HEAD:{f}", check=False).returncode != 0]
     if gone:
@@ -310,7 +332,7 @@ def _replay(rb: Rebase, patch: Patch) -> Step:
 
 
 def _modified_files(patch: Patch) -> list[str]:
-    return [_strip_prefix(f.path) for f in patch.diff if not f.is_added_file]
+    return [strip_prefix(f.path) for f in patch.diff if not f.is_added_file]
 
 
 def _renamed(rb: Rebase, path: str) -> str | None:
@@ -348,18 +370,19 @@ def _head_reader(tree: Path):
 def _finish(rb: Rebase) -> RebaseResult:
     """Every patch is through: export the branch and write the lock (atomically, per file)."""
     st = rb.state
-    series_path, lock_path = Path(st["series"]), Path(st["lock"])
-    edited = _file_digest(series_path) != st["series_before_sha"] or _file_digest(lock_path) != st["lock_before_sha"]
-    if edited or load_series(series_path).sha256 != st["series_before"]:
+    series_path, lock_path = Path(st.series), Path(st.lock)
+    edited = _file_digest(series_path) != st.series_before_sha or _file_digest(lock_path) != st.lock_before_sha
+    if edited or load_series(series_path).sha256 != st.series_before:
         raise InputError(
             f"{series_path}, patches/ or {lock_path} changed since the rebase started; not overwriting them. "
             f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
         )
-    new_lock = lockmod.loads(st["new_lock"])
+    new_lock = lockmod.loads(st.new_lock)
+    contract = check_tree(series_path, load_series(series_path).modules, rb.tree, "HEAD")
     changes = _export_atomically(rb.tree, series_path)
     lockmod.dump(new_lock, lock_path)
     result = rb.result(completed=True)
-    result.changes = changes
+    result.changes, result.contract = changes, contract
     result.series_after = load_series(series_path).sha256
     shutil.rmtree(rb.dir)
     return result
@@ -375,12 +398,20 @@ def _export_atomically(tree: Path, series_path: Path) -> list[tuple[str, str]]:
         old = parse_series_text(series_path.read_text(), str(series_path))
         for name in old:
             shutil.copyfile(patch_dir / name, Path(tmp) / "patches" / name)
+        src, staged_src = series_path.parent / SRC_DIR, Path(tmp) / SRC_DIR
+        if src.exists():
+            shutil.copytree(src, staged_src)
         changes = export(tree, staging)
-        for name, change in changes:
+        patches = [(name, change) for name, change in changes if "/" not in name]  # the rest: src/...
+        for name, change in patches:
             if change in ("added", "changed"):
                 os.replace(Path(tmp) / "patches" / name, patch_dir / name)
         os.replace(staging, series_path)
-        for name, change in changes:
+        for name, change in patches:
             if change == "removed":
                 (patch_dir / name).unlink(missing_ok=True)
+        if len(patches) < len(changes):  # src/ changed: swap the whole folder in
+            if src.exists():
+                os.replace(src, Path(tmp) / "src-before")
+            os.replace(staged_src, src)
     return changes

@@ -1,5 +1,8 @@
 """The patch series: ``series`` lists patch files in ``patches/`` in apply order.
 
+Our own files live in ``src/`` beside it (overlay/modules.py) and are applied
+first, as the module layer; ``Series.applied`` is that layer plus the patches.
+
 Format: one patch file name per line; blank lines and ``#`` comments are
 ignored. Anything else on a line (quilt options, paths, a second name) is an
 error that names the line, so a typo never silently drops a patch.
@@ -18,6 +21,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from overlay.errors import InputError
+from overlay.modules import LAYER_NAME, SRC_DIR, Module, layer_patch, load_modules
 
 PATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
 # Header trailers each patch must carry (checked by `check`).
@@ -63,14 +67,18 @@ class Patch:
 
     @property
     def files(self) -> list[str]:
-        return [_strip_prefix(f.path) for f in self.diff]
+        return [strip_prefix(f.path) for f in self.diff]
+
+    def touched(self) -> list[tuple[str, int, int]]:
+        """(file, lines added, lines removed) per file, in the patch's order."""
+        return [(strip_prefix(f.path), f.added, f.removed) for f in self.diff]
 
     def hunks(self) -> list[Hunk]:
         out = []
         for f in self.diff:
             for i, h in enumerate(f, 1):
                 header = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
-                out.append(Hunk(_strip_prefix(f.path), i, h.source_start, header))
+                out.append(Hunk(strip_prefix(f.path), i, h.source_start, header))
         return out
 
     def hunk_at(self, file: str, line: int) -> Hunk | None:
@@ -90,7 +98,7 @@ class Patch:
         return found
 
 
-def _strip_prefix(path: str) -> str:
+def strip_prefix(path: str) -> str:
     return path[2:] if path[:2] in ("a/", "b/") else path
 
 
@@ -98,20 +106,35 @@ def _strip_prefix(path: str) -> str:
 class Series:
     path: Path
     patches: tuple[Patch, ...]
+    modules: tuple[Module, ...] = ()  # src/ (overlay/modules.py)
 
     @property
     def patch_dir(self) -> Path:
         return self.path.parent / "patches"
 
     @cached_property
+    def layer(self) -> Patch | None:
+        """The module layer: the patch that lays src/ into the tree (None without src/)."""
+        if not self.modules:
+            return None
+        return Patch(LAYER_NAME, self.path.parent / SRC_DIR, layer_patch(self.modules))
+
+    @property
+    def applied(self) -> tuple[Patch, ...]:
+        """What is applied to upstream, in order: the module layer, then the patches."""
+        return (self.layer, *self.patches) if self.layer else self.patches
+
+    @cached_property
     def sha256(self) -> str:
-        """Identity of the series: the ordered patch names and contents.
+        """Identity of the series: the ordered patch names and contents, and src/'s files.
 
         Comments and blank lines in ``series`` do not change it.
         """
         h = hashlib.sha256()
         for p in self.patches:
             h.update(f"{p.name}\0{p.sha256}\n".encode())
+        for m in self.modules:
+            h.update(f"{SRC_DIR}/{m.path}\0{m.sha256}\0{int(m.executable)}\n".encode())
         return h.hexdigest()
 
 
@@ -149,7 +172,7 @@ def load(series_path: Path) -> Series:
         if not patch.diff:
             raise InputError(f"patch {name}: contains no diff")
         patches.append(patch)
-    return Series(series_path, tuple(patches))
+    return Series(series_path, tuple(patches), load_modules(series_path.parent / SRC_DIR))
 
 
 def write_series(series_path: Path, names: list[str], header: str) -> None:

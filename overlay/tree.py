@@ -57,8 +57,7 @@ def _unpack_source(lock: Lock, cache: Cache, tmp: Path, *, quiet: bool) -> Path:
     if isinstance(lock.source, GitSource):
         repo, commit = fetch_git(lock.source, cache, quiet=quiet)
         archive = tmp / "source.tar"
-        with archive.open("wb") as f:
-            repo.archive(f, treeish=commit, format="tar", prefix="tree/")
+        git(repo, "archive", "--format=tar", "--prefix=tree/", f"--output={archive}", commit)
     else:
         archive = fetch_artifact(lock.source, cache, quiet=quiet)
     with tarfile.open(archive) as tar:
@@ -77,11 +76,12 @@ class Scratch:
         self.env = git_env(extra={"GIT_INDEX_FILE": str(index)})
         git(repo, "read-tree", base, env=self.env)
 
-    def apply(self, patch: Path, *, check: bool, reverse: bool = False) -> subprocess.CompletedProcess:
+    def apply(self, patch: bytes, *, check: bool, reverse: bool = False) -> subprocess.CompletedProcess:
+        """``git apply --cached`` of the patch text ``patch`` (given on stdin)."""
         args = ["apply", "--cached", "--verbose"]
         args += ["--check"] if check else []
         args += ["--reverse"] if reverse else []
-        return git(self.repo, *args, str(patch), env=self.env, check=False)
+        return git(self.repo, *args, "-", env=self.env, check=False, input=patch)
 
     def write_tree(self) -> str:
         return git(self.repo, "write-tree", env=self.env).stdout.strip()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from packaging.utils import parse_wheel_filename
 
 from overlay.errors import FetchError, InputError
 from overlay.fetch import Cache, download_url, fetch_artifact, fetch_git, sha256_file
+from overlay.gitcmd import git
 from overlay.lock import TARGETS, Artifact, GitSource, Lock
 
 _COMMIT_ID = re.compile(r"""commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""")
@@ -119,16 +119,14 @@ def resolve_commit(
         # The precompiled wheel knows the version it was built as.
         version = str(parse_wheel_filename(next(iter(wheels.values())).filename)[1].public)
     if version is None:
-        version = _describe(repo.git_dir, full)
+        version = _describe(repo, full)
     missing = {t: f"no wheel given for commit {full[:12]} (--wheel/--wheel-index {t}=URL)" for t in TARGETS
                if t not in wheels}  # fmt: skip
     return Lock(version, full, GitSource(url, full), wheels, missing_wheels=missing)
 
 
-def _describe(git_dir: str, commit: str) -> str:
-    proc = subprocess.run(
-        ["git", "--git-dir", git_dir, "describe", "--tags", "--abbrev=0", commit], capture_output=True, text=True
-    )
+def _describe(repo: Path, commit: str) -> str:
+    proc = git(repo, "describe", "--tags", "--abbrev=0", commit, check=False)
     tag = proc.stdout.strip().lstrip("v")
     if proc.returncode != 0 or not tag:
         raise InputError(f"commit {commit[:12]} has no release tag before it: pass --upstream-version")

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -148,19 +149,35 @@ def _copy_unchanged(src, raw, out: zipfile.ZipFile, by_path, old_info, record) -
     for info, end in zip(infos, ends, strict=False):
         if info.filename in by_path or info.filename.startswith(old_info):
             continue
-        new = copy.copy(info)
-        new.header_offset = out.fp.tell()
-        raw.seek(info.header_offset)
-        remaining = end - info.header_offset
-        while remaining:
-            chunk = raw.read(min(remaining, 1 << 22))
-            out.fp.write(chunk)
-            remaining -= len(chunk)
-        out.filelist.append(new)
-        out.NameToInfo[new.filename] = new
+        copy_member_raw(out, info, raw, end - info.header_offset)
         rows.append(record.get(info.filename) or _missing_row(info.filename))
-    out.start_dir = out.fp.tell()
     return rows
+
+
+def copy_member_raw(out: zipfile.ZipFile, info: zipfile.ZipInfo, raw: BinaryIO, length: int) -> None:
+    """Append a member to ``out`` as it is: its local header and compressed data, ``length``
+    bytes of ``raw`` (the source archive) from ``info.header_offset``.
+
+    zipfile has no public way to copy a member without decompressing and
+    recompressing it (which would change its bytes and cost the build seconds),
+    so this is the one place the tool uses zipfile's internals: ``fp``,
+    ``filelist``, ``NameToInfo`` and ``start_dir`` of a ZipFile open for
+    writing, as ``ZipFile.write`` itself updates them. ``out`` must not be
+    written by anything else meanwhile. Tested in tests/tool/test_build.py.
+    """
+    new = copy.copy(info)
+    new.header_offset = out.fp.tell()
+    raw.seek(info.header_offset)
+    remaining = length
+    while remaining:
+        chunk = raw.read(min(remaining, 1 << 22))
+        if not chunk:
+            raise BuildRefused(f"{info.filename}: the wheel ends inside this member")
+        out.fp.write(chunk)
+        remaining -= len(chunk)
+    out.filelist.append(new)
+    out.NameToInfo[new.filename] = new
+    out.start_dir = out.fp.tell()
 
 
 def _missing_row(name: str) -> list[str]:

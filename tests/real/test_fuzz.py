@@ -48,7 +48,7 @@ def test_regressions_reproduce_the_reported_shapes():
     """The kept scenarios are the reported ones: the crash shapes of issue 18."""
     mixed, stops_after_min = fuzz.REGRESSIONS["default-N8"]
     assert fuzz.REGRESSIONS["default-N8-sync"] == [mixed, stops_after_min]
-    waiting, joining = stops_after_min["requests"]  # patch 0013: a penalties request joins a min_tokens one
+    waiting, joining = stops_after_min["requests"]  # patch 0010: a penalties request joins a min_tokens one
     assert waiting["params"]["min_tokens"] > 8 and joining["arrive"] > 0 and joining["params"]["frequency_penalty"]
     with_logprobs = [r for r in mixed["requests"] if "logprobs" in r["params"]]
     assert len(mixed["requests"]) == 16 and len(with_logprobs) == 3

@@ -1,4 +1,4 @@
-"""Multi-step decode (patches 0004-0009) against upstream through ``vllm.LLM``.
+"""Multi-step decode (patches 0004-0006) against upstream through ``vllm.LLM``.
 
 The overlay with ``--num-scheduler-steps N`` must give upstream's tokens
 exactly (upstream has no multi-step; its single-step output is the oracle),
@@ -26,11 +26,12 @@ from support.parity import STRUCTURED_CASE, assert_same_outputs, case_outputs
 # (engine, steps, async mode); "default" is async on for the overlay on CPU. The Llama
 # engine's cases include shared prefixes (prefix caching is on by default) and
 # structured output. The N = 8 Llama runs and the chunked one also run the fuzzer's
-# CI slice (tests/real/test_fuzz.py), which covers other window sizes and mixes.
+# CI slice (tests/real/test_fuzz.py), which covers other window sizes and mixes. A Qwen3 run
+# left CI on 2026-12-02 (budget): windows call the runner's own forward, so the architecture
+# adds nothing the Llama runs miss; the fuzzer's long run covers Qwen3 (qwen3-N8, qwen3-N4-sync).
 MULTI_STEP_RUNS = [
     ("llama", 8, "default"),
     ("llama", 8, "off"),
-    ("qwen3", 8, "default"),
     ("chunked", 16, "default"),
     ("preempt", 8, "default"),
 ]
@@ -59,9 +60,7 @@ def test_windows_really_ran(parity_run, engine, steps, async_mode):
         assert ours["counters"]["vllm:prefix_cache_hits"] > 0
 
 
-@pytest.mark.parametrize(
-    "engine, async_mode", [("llama", "default"), ("llama", "off"), ("qwen3", "default"), ("preempt", "default")]
-)
+@pytest.mark.parametrize("engine, async_mode", [("llama", "default"), ("llama", "off"), ("preempt", "default")])
 def test_lean_inner_steps_ran(parity_run, engine, async_mode):
     """The N=8 runs compared above went through the lean inner step.
 
@@ -125,7 +124,7 @@ def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
     assert "disagree" in got["disagree"]["error"]
     assert "num_scheduler_steps" in got["zero"]["error"] and "greater than or equal to 1" in got["zero"]["error"]
     assert "must be an integer" in got["alias_bad"]["error"]
-    # Drafts inside windows (patch 0008): ngram and draft models, with async scheduling off
+    # Drafts inside windows (patches 0005-0006): ngram and draft models, with async scheduling off
     assert got["ngram"] == {"steps": 4, "async": False}
     assert got["draft"] == {"steps": 4, "async": False}
     assert "ngram_gpu speculative decoding" in got["ngram_gpu"]["error"]

@@ -1,4 +1,4 @@
-"""Speculative decoding inside multi-step windows (patch 0008), against upstream.
+"""Speculative decoding inside multi-step windows (patches 0005-0006), against upstream.
 
 The oracle is upstream vLLM 0.32.0 *without* speculative decoding: with greedy
 sampling, drafts may only change speed, never tokens. The overlay runs

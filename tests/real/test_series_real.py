@@ -14,10 +14,32 @@ def test_series_applies_to_pin_with_zero_fuzz_and_no_drift():
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    names = [p.name for p in seriesmod.load(ROOT / "series").patches]
-    assert [p["patch"] for p in report["patches"]] == names and names
+    series = seriesmod.load(ROOT / "series")
+    names = [p.name for p in series.applied]
+    assert [p["patch"] for p in report["patches"]] == names and series.layer and series.patches
     for p in report["patches"]:
         assert p["status"] == "applied" and p["offsets"] == [], p
+    assert report["contract"] == []  # every upstream name contract.toml lists is in the pin
+
+
+def test_readme_patch_table_counts_the_upstream_lines_each_patch_touches():
+    """Each row of README's patch table names its patch and the lines it adds and removes per file."""
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `00")]
+    patches = seriesmod.load(ROOT / "series").patches
+    assert len(rows) == len(patches)
+    for row, patch in zip(rows, patches, strict=True):
+        name, touched = (cell.strip() for cell in row.split("|")[1:3])
+        assert patch.name.startswith(name.strip("`")), (name, patch.name)
+        expected = ", ".join(f"`{f.removeprefix('vllm/')}` +{a} -{r}" for f, a, r in patch.touched())
+        assert touched == expected, patch.name
+
+
+def test_patches_change_only_upstream_files():
+    """New files live in src/ (the module layer), never as new-file hunks in a patch."""
+    series = seriesmod.load(ROOT / "series")
+    for patch in series.patches:
+        assert not [f.path for f in patch.diff if f.is_added_file], patch.name
+    assert {m.path for m in series.modules} >= {"vllm/v1/worker/multi_step.py", "vllm/v1/core/sched/multi_step.py"}
 
 
 def test_patched_python_passes_vllm_ruff(tmp_path):

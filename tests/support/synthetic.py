@@ -246,8 +246,9 @@ def pin_git(upstream: Upstream, url: str, commit: str, version: str = VERSION) -
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    """Every byte of the pinned series: lock, series and patches/."""
-    files = {p.name: p.read_bytes() for p in sorted((root / "patches").iterdir())}
+    """Every byte of the pinned series: lock, series, patches/ and src/."""
+    paths = [*(root / "patches").iterdir(), *(p for p in (root / "src").rglob("*") if p.is_file())]
+    files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(paths)}
     return files | {"series": (root / "series").read_bytes(), "upstream.lock": (root / "upstream.lock").read_bytes()}
 
 

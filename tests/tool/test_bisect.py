@@ -109,3 +109,13 @@ def test_good_that_is_bad_and_bad_that_is_good_are_refused(series, history):
     assert code == errors.BAD_INPUT and "not an ancestor" in out["error"]
     code, out = _bisect(series, repo, c[0], c[8], "--patch", "0009-none.patch")
     assert code == errors.BAD_INPUT and "not in the series" in out["error"]
+
+
+def test_modules_from_src_are_laid_in_first(series, history):
+    """src/'s files travel with every probe: a commit that adds one of them upstream is first bad."""
+    repo, c = history
+    (series.root / "src" / "docs.md").parent.mkdir(parents=True, exist_ok=True)
+    (series.root / "src" / "docs.md").write_text("ours\n")  # upstream's c2 adds docs.md
+    code, out = _bisect(series, repo, c[0], c[8], "--patch", "0001-five.patch")
+    assert code == errors.OK, out
+    assert out["first_bad"] == c[2] and out["why"].startswith("0000-our-modules-from-src.patch: conflict"), out

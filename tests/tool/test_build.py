@@ -19,11 +19,9 @@ EDITED = ENGINE.replace("return x + 20\n", "return x + 2000\n")
 
 def _series(upstream):
     upstream.add_patch("0001-engine.patch", file_patch("vllm/engine.py", ENGINE, EDITED, "engine: edit"))
-    upstream.add_patch("0002-new.patch", file_patch("vllm/new.py", None, "X = 1\n", "new module"))
-    upstream.add_patch(
-        "0003-tests.patch",
-        file_patch("tests/test_new.py", None, "def test(): pass\n", "tests"),
-    )
+    for path, text in (("vllm/new.py", "X = 1\n"), ("tests/test_new.py", "def test(): pass\n")):
+        (upstream.root / "src" / path).parent.mkdir(parents=True, exist_ok=True)
+        (upstream.root / "src" / path).write_text(text)  # our files: the module layer
 
 
 def _build(upstream, tmp_path, *extra):
@@ -54,7 +52,9 @@ def test_wheel_has_patched_files_provenance_and_valid_record(upstream, tmp_path)
         prov = json.loads(z.read(f"{info}/vllm_overlay.json"))
     assert prov["upstream"]["version"] == "1.0.0"
     assert prov["upstream"]["commit"] == "abcdef012"
-    assert [p["name"] for p in prov["patches"]] == ["0001-engine.patch", "0002-new.patch", "0003-tests.patch"]
+    assert [p["name"] for p in prov["patches"]] == ["0001-engine.patch"]
+    assert [m["path"] for m in prov["modules"]] == ["src/tests/test_new.py", "src/vllm/new.py"]
+    assert prov["files"]["added"] == ["tests/test_new.py", "vllm/new.py"]
     assert prov["series_sha256"].startswith(out["version"].rsplit(".s", 1)[1])
     assert prov["files"]["modified"] == ["vllm/engine.py"]
 
@@ -146,3 +146,26 @@ def test_help_explains_commands():
     )
     for word in ("build", "fetch", "check", "apply", "export", "test", "exit codes"):
         assert word in proc.stdout
+
+
+def test_copy_member_raw_keeps_a_member_byte_for_byte(tmp_path):
+    """The wheel writer's one use of zipfile internals: a member copied without recompressing."""
+    from overlay.wheel import copy_member_raw
+
+    src_path, out_path = tmp_path / "src.zip", tmp_path / "out.zip"
+    with zipfile.ZipFile(src_path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("a.txt", "alpha " * 1000)
+        z.writestr("b.bin", bytes(range(256)) * 40)
+    with zipfile.ZipFile(src_path) as src, src_path.open("rb") as raw, zipfile.ZipFile(out_path, "w") as out:
+        infos = src.infolist()
+        copy_member_raw(out, infos[1], raw, src.start_dir - infos[1].header_offset)
+        out.writestr("c.txt", "written after the copy")
+    with zipfile.ZipFile(out_path) as out, zipfile.ZipFile(src_path) as src:
+        assert out.testzip() is None and out.namelist() == ["b.bin", "c.txt"]
+        assert out.read("b.bin") == src.read("b.bin")
+        copied, orig = out.getinfo("b.bin"), src.getinfo("b.bin")
+        assert (copied.CRC, copied.compress_size, copied.compress_type) == (
+            orig.CRC,
+            orig.compress_size,
+            orig.compress_type,
+        )

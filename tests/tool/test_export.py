@@ -3,7 +3,7 @@
 import subprocess
 
 from support.cli import run_json, run_tool
-from support.synthetic import ENGINE, file_patch
+from support.synthetic import ENGINE, file_patch, snapshot
 
 from overlay import errors
 
@@ -16,12 +16,6 @@ def _git(tree, *args):
         capture_output=True,
         text=True,
     ).stdout
-
-
-def _snapshot(root):
-    return {p.name: p.read_bytes() for p in sorted((root / "patches").iterdir())} | {
-        "series": (root / "series").read_bytes()
-    }
 
 
 def _apply_export_roundtrip(upstream):
@@ -38,44 +32,91 @@ def _apply_export_roundtrip(upstream):
 
 def test_export_of_unchanged_branch_changes_no_byte(upstream):
     tree = _apply_export_roundtrip(upstream)
-    before = _snapshot(upstream.root)
+    before = snapshot(upstream.root)
     code, out = run_json("export", *upstream.args(), "--tree", str(tree))
     assert code == 0 and all(p["change"] == "unchanged" for p in out["patches"])
-    assert _snapshot(upstream.root) == before
+    assert snapshot(upstream.root) == before
     # a fresh tree from the exported series exports the same bytes again
     assert run_tool("apply", *upstream.args(), "--tree", str(tree), "--force").returncode == 0
     assert run_tool("export", *upstream.args(), "--tree", str(tree)).returncode == 0
-    assert _snapshot(upstream.root) == before
+    assert snapshot(upstream.root) == before
 
 
 def test_export_writes_edits_new_and_dropped_patches(upstream):
     tree = _apply_export_roundtrip(upstream)
-    (tree / "vllm/extra.py").write_text("EXTRA = 1\n")
-    _git(tree, "add", "vllm/extra.py")
-    _git(tree, "commit", "-q", "-m", "extra: add\n\nUpstream-Status: not-forwarded\nTests: none")
+    (tree / "vllm/engine.py").write_text((tree / "vllm/engine.py").read_text() + "HOOK = 1\n")
+    _git(tree, "commit", "-q", "-am", "engine: hook\n\nUpstream-Status: not-forwarded\nTests: none")
     code, out = run_json("export", *upstream.args(), "--tree", str(tree))
     assert code == 0
     assert [(p["patch"], p["change"]) for p in out["patches"]] == [
         ("0001-engine-edit.patch", "unchanged"),
-        ("0002-extra-add.patch", "added"),
+        ("0002-engine-hook.patch", "added"),
     ]
-    assert upstream.series.read_text().splitlines()[1:] == ["0001-engine-edit.patch", "0002-extra-add.patch"]
+    assert upstream.series.read_text().splitlines()[1:] == ["0001-engine-edit.patch", "0002-engine-hook.patch"]
     assert run_tool("check", *upstream.args()).returncode == 0
     # drop the first patch: its file goes, the second is renumbered
     _git(tree, "rebase", "-q", "--onto", "upstream", "HEAD~1")
     code, out = run_json("export", *upstream.args(), "--tree", str(tree))
     assert {(p["patch"], p["change"]) for p in out["patches"]} == {
-        ("0001-extra-add.patch", "added"),
+        ("0001-engine-hook.patch", "added"),
         ("0001-engine-edit.patch", "removed"),
-        ("0002-extra-add.patch", "removed"),
+        ("0002-engine-hook.patch", "removed"),
     }
-    assert sorted(p.name for p in (upstream.root / "patches").iterdir()) == ["0001-extra-add.patch"]
+    assert sorted(p.name for p in (upstream.root / "patches").iterdir()) == ["0001-engine-hook.patch"]
+
+
+def test_export_sends_new_files_to_src_and_upstream_changes_to_patches(upstream):
+    """Our modules are files in src/, laid in before the series; patches only change upstream files."""
+    tree = _apply_export_roundtrip(upstream)
+    src = upstream.root / "src"
+    (tree / "vllm/extra.py").write_text("EXTRA = 1\n")
+    _git(tree, "add", "vllm/extra.py")
+    _git(tree, "commit", "-q", "-m", "extra: a module and nothing else")
+    code, out = run_json("export", *upstream.args(), "--tree", str(tree))
+    assert code == 0
+    assert [(p["patch"], p["change"]) for p in out["patches"]] == [
+        ("0001-engine-edit.patch", "unchanged"),
+        ("src/vllm/extra.py", "added"),
+    ]  # a commit that only adds our files is no patch
+    assert (src / "vllm/extra.py").read_text() == "EXTRA = 1\n"
+    assert upstream.series.read_text().splitlines()[1:] == ["0001-engine-edit.patch"]
+
+    # a hook and a module edit in one commit: the hook becomes a patch, the module's text goes to src/
+    (tree / "vllm/extra.py").write_text("EXTRA = 2\n")
+    (tree / "vllm/engine.py").write_text((tree / "vllm/engine.py").read_text() + "from vllm.extra import EXTRA\n")
+    _git(tree, "commit", "-q", "-am", "engine: hook\n\nUpstream-Status: not-forwarded\nTests: none")
+    code, out = run_json("export", *upstream.args(), "--tree", str(tree))
+    assert [(p["patch"], p["change"]) for p in out["patches"]] == [
+        ("0001-engine-edit.patch", "unchanged"),
+        ("0002-engine-hook.patch", "added"),
+        ("src/vllm/extra.py", "changed"),
+    ]
+    hook = (upstream.root / "patches" / "0002-engine-hook.patch").read_text()
+    assert "vllm/engine.py" in hook and "extra.py" not in hook.split("\n---\n", 1)[1]
+    code, out = run_json("check", *upstream.args())
+    assert code == 0 and [p["patch"] for p in out["patches"]] == [
+        "0000-our-modules-from-src.patch", "0001-engine-edit.patch", "0002-engine-hook.patch",
+    ]  # fmt: skip
+
+    # a fresh tree from src/ and the series exports the same bytes
+    before = snapshot(upstream.root)
+    assert run_tool("apply", *upstream.args(), "--tree", str(tree), "--force").returncode == 0
+    assert (tree / "vllm/extra.py").read_text() == "EXTRA = 2\n"
+    assert run_tool("export", *upstream.args(), "--tree", str(tree)).returncode == 0
+    assert snapshot(upstream.root) == before
+
+    # a module removed from the branch leaves src/
+    _git(tree, "rm", "-q", "vllm/extra.py")
+    _git(tree, "commit", "-q", "-m", "extra: gone")
+    code, out = run_json("export", *upstream.args(), "--tree", str(tree))
+    assert ("src/vllm/extra.py", "removed") in [(p["patch"], p["change"]) for p in out["patches"]]
+    assert not src.exists()
 
 
 def test_export_refuses_uncommitted_changes(upstream):
     tree = _apply_export_roundtrip(upstream)
     (tree / "vllm/engine.py").write_text("changed\n")
-    before = _snapshot(upstream.root)
+    before = snapshot(upstream.root)
     proc = run_tool("export", *upstream.args(), "--tree", str(tree))
     assert proc.returncode == errors.BAD_INPUT and "uncommitted" in proc.stderr
-    assert _snapshot(upstream.root) == before
+    assert snapshot(upstream.root) == before

@@ -1,4 +1,4 @@
-"""Commit pins: the source comes from a git URL + commit (through gitpython).
+"""Commit pins: the source comes from a git URL + commit (fetched with the git command line).
 
 The upstream git host is unreachable here, so the repository is a local one
 built from the synthetic source, with two commits.

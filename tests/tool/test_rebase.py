@@ -129,8 +129,8 @@ def test_each_status_stop_at_conflict_then_continue(upstream, history, tmp_path)
         "0002-needs-3-way.patch",
         "0003-hooks-schedule.patch",
         "0004-conflicts.patch",
-        "0005-later-patch.patch",
-    ]
+    ]  # the later patch only added a file: it is in src/ now, as export writes every new file
+    assert (upstream.root / "src/vllm/later.py").read_text() == "LATER = 1\n"
     assert sorted(p.name for p in (upstream.root / "patches").iterdir()) == sorted(names)
     assert "x + 3100" in (upstream.root / "patches" / "0004-conflicts.patch").read_text()
     assert not (tree / ".git" / "overlay-rebase").exists()
@@ -205,7 +205,9 @@ def test_dropping_the_stopped_patch_with_git_am_skip(upstream, history, tmp_path
     repo, _v1 = history
     e = ENGINE
     upstream.add_patch("0001-c.patch", file_patch("vllm/engine.py", e, _edit(e, "x + 30\n", "x + 3000\n"), "c"))
-    upstream.add_patch("0002-d.patch", file_patch("vllm/d.py", None, "D = 1\n", "d"))
+    upstream.add_patch(
+        "0002-d.patch", file_patch("vllm/scheduler.py", SCHED, _edit(SCHED, "out = []\n", "out = []  # d\n"), "d")
+    )
     v2 = git_commit(repo, {"vllm/engine.py": _edit(e, "x + 30\n", "x + 31\n")}, "v2")
     tree = tmp_path / "t"
     assert _rebase(upstream, repo, v2, tree)[0] == errors.PATCH_FAILED
@@ -259,7 +261,9 @@ def test_already_upstream_found_by_the_3way_merge(upstream, history, tmp_path):
     repo, _v1 = history
     e = ENGINE
     upstream.add_patch("0001-x.patch", file_patch("vllm/engine.py", e, _edit(e, "x + 20\n", "x + 2000\n"), "x"))
-    upstream.add_patch("0002-y.patch", file_patch("vllm/y.py", None, "Y = 1\n", "y"))
+    upstream.add_patch(
+        "0002-y.patch", file_patch("vllm/scheduler.py", SCHED, _edit(SCHED, "out = []\n", "out = []  # y\n"), "y")
+    )
     both = _edit(_edit(e, "x + 20\n", "x + 2000\n"), "def step_21(x):\n", "def step_21(x):  # upstream\n")
     v2 = git_commit(repo, {"vllm/engine.py": both}, "v2")
     code, out = _rebase(upstream, repo, v2, tmp_path / "t")
@@ -293,3 +297,46 @@ def test_continue_after_an_interruption_replays_the_interrupted_patch(upstream, 
     log = _git(tree, "log", "--format=%s", "upstream..HEAD").stdout.split("\n")
     assert log == ["a", ""]  # patch 0001 committed once, 0002 in progress again
     assert "<<<<<<<" in (tree / "vllm/engine.py").read_text()
+
+
+def _module(upstream, path, text):
+    (upstream.root / "src" / path).parent.mkdir(parents=True, exist_ok=True)
+    (upstream.root / "src" / path).write_text(text)
+
+
+def test_rebase_replays_the_module_layer_first_and_keeps_src(upstream, history, tmp_path):
+    repo, _v1 = history
+    e = ENGINE
+    _module(upstream, "vllm/ours.py", "OURS = 1\n")
+    hook = _edit(e, "x + 30\n", "x + 3000\n") + "from vllm.ours import OURS\n"
+    upstream.add_patch("0001-hook.patch", file_patch("vllm/engine.py", e, hook, "hook"))
+    v2 = git_commit(repo, {"README.md": "upstream moved on\n"}, "v2")
+    before = snapshot(upstream.root)
+    code, out = _rebase(upstream, repo, v2, tmp_path / "t")
+    assert code == errors.OK and out["completed"], out
+    assert [(p["patch"], p["status"]) for p in out["patches"]] == [
+        ("0000-our-modules-from-src.patch", "clean"),
+        ("0001-hook.patch", "clean"),
+    ]
+
+    def ours(files):
+        return {k: v for k, v in files.items() if k.startswith(("patches/", "src/"))}
+
+    assert ours(snapshot(upstream.root)) == ours(before) and "src/vllm/ours.py" in before  # only the pin moved
+    assert (tmp_path / "t" / "vllm/ours.py").read_text() == "OURS = 1\n"
+
+
+def test_upstream_adding_a_file_we_carry_stops_at_the_module_layer(upstream, history, tmp_path):
+    repo, _v1 = history
+    _module(upstream, "vllm/ours.py", "OURS = 1\n")
+    upstream.add_patch(
+        "0001-c.patch", file_patch("vllm/engine.py", ENGINE, _edit(ENGINE, "x + 30\n", "x + 3000\n"), "c")
+    )
+    v2 = git_commit(repo, {"vllm/ours.py": "UPSTREAMS = 2\n"}, "v2")
+    before = snapshot(upstream.root)
+    code, out = _rebase(upstream, repo, v2, tmp_path / "t")
+    assert code == errors.PATCH_FAILED and not out["completed"], out
+    layer = out["patches"][0]
+    assert layer["patch"] == "0000-our-modules-from-src.patch" and layer["status"] == "conflict", layer
+    assert "vllm/ours.py" in layer["detail"], layer
+    assert snapshot(upstream.root) == before

@@ -1,0 +1,244 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Multi-step decode windows in the scheduler (vllm/v1/core/sched/multi_step.py).
+
+A fake worker answers each window with one token per planned step, so these
+tests check the scheduler's bookkeeping alone: window sizes, KV slots for the
+whole window, num_computed_tokens by processed positions, stop checks token by
+token, and the async placeholders.
+"""
+
+from collections import deque
+
+import pytest
+
+from vllm.v1.core.sched.multi_step import DecodeWindowPlanner
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+
+from .utils import EOS_TOKEN_ID, create_requests, create_scheduler
+
+pytestmark = pytest.mark.cpu_test
+
+TOKEN = 1  # never a stop token here
+
+
+def _scheduler(num_steps: int, **kwargs):
+    scheduler = create_scheduler(**kwargs)
+    scheduler.scheduler_config.num_scheduler_steps = num_steps
+    scheduler.multi_step = DecodeWindowPlanner.create(scheduler)
+    return scheduler
+
+
+def _output(
+    sched_output: SchedulerOutput, tokens: dict[str, list[int]] | None = None
+) -> ModelRunnerOutput:
+    """A worker's answer: one token per window step (prefill steps: one token)."""
+    req_ids = list(sched_output.num_scheduled_tokens)
+    sampled = []
+    for req_id in req_ids:
+        steps = (
+            sched_output.num_scheduled_tokens[req_id]
+            if sched_output.multi_step_window
+            else 1
+        )
+        sampled.append((tokens or {}).get(req_id, [TOKEN] * steps))
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+
+
+def _num_slots(scheduler, request: Request) -> int:
+    (block_ids,) = scheduler.kv_cache_manager.get_block_ids(request.request_id)
+    return len(block_ids) * scheduler.block_size
+
+
+def _prefill(scheduler, requests: list[Request]) -> None:
+    for request in requests:
+        scheduler.add_request(request)
+    sched_output = scheduler.schedule()
+    assert not sched_output.multi_step_window
+    scheduler.update_from_output(sched_output, _output(sched_output))
+
+
+def test_window_for_a_pure_decode_batch():
+    scheduler = _scheduler(4)
+    requests = create_requests(num_requests=2, num_tokens=10, max_tokens=16)
+    _prefill(scheduler, requests)
+
+    sched_output = scheduler.schedule()
+    assert sched_output.multi_step_window
+    assert sched_output.num_scheduled_tokens == {r.request_id: 4 for r in requests}
+    for request in requests:
+        # Positions 10..13 are processed in the window; their KV slots exist
+        # before the worker runs it.
+        assert request.num_computed_tokens == 14
+        assert _num_slots(scheduler, request) >= 14
+
+    scheduler.update_from_output(sched_output, _output(sched_output))
+    for request in requests:
+        assert list(request.output_token_ids) == [TOKEN] * 5
+        assert request.num_computed_tokens == request.num_tokens - 1
+
+
+def test_stop_inside_a_window_discards_the_tokens_after_it():
+    scheduler = _scheduler(4)
+    req0, req1 = create_requests(num_requests=2, num_tokens=10, max_tokens=16)
+    _prefill(scheduler, [req0, req1])
+
+    sched_output = scheduler.schedule()
+    tokens = {req0.request_id: [TOKEN, EOS_TOKEN_ID, TOKEN, TOKEN]}
+    outputs = scheduler.update_from_output(sched_output, _output(sched_output, tokens))
+
+    assert req0.status == RequestStatus.FINISHED_STOPPED
+    assert list(req0.output_token_ids) == [TOKEN, TOKEN, EOS_TOKEN_ID]
+    (engine_outputs,) = outputs.values()
+    by_id = {o.request_id: o for o in engine_outputs.outputs}
+    assert by_id[req0.request_id].new_token_ids == [TOKEN, EOS_TOKEN_ID]
+    assert by_id[req1.request_id].new_token_ids == [TOKEN] * 4
+    assert req0.request_id not in scheduler.requests  # blocks freed
+    assert req1.num_computed_tokens == req1.num_tokens - 1
+
+
+def test_short_window_gives_back_unprocessed_positions():
+    """num_computed_tokens follows what the worker processed, not the plan.
+
+    The bug this guards against (seed review: counting per plan, not per
+    processed position) would leave req at 14 computed tokens after processing
+    two positions, and the next window would read KV that was never written.
+    """
+    scheduler = _scheduler(4)
+    (req,) = create_requests(num_requests=1, num_tokens=10, max_tokens=16)
+    _prefill(scheduler, [req])
+    sched_output = scheduler.schedule()
+    assert req.num_computed_tokens == 14
+    tokens = {req.request_id: [TOKEN, TOKEN]}
+    scheduler.update_from_output(sched_output, _output(sched_output, tokens))
+    assert req.num_computed_tokens == 12 == req.num_tokens - 1
+    assert scheduler.schedule().num_scheduled_tokens == {req.request_id: 4}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("num_steps", [2, 3, 8])
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 17])
+def test_windows_stop_exactly_at_max_tokens(
+    max_tokens: int, num_steps: int, async_scheduling: bool
+):
+    """Pipelined like the async engine: the next schedule runs before the
+    previous output arrives, and no position past max_tokens is scheduled."""
+    scheduler = _scheduler(num_steps, async_scheduling=async_scheduling)
+    requests = create_requests(num_requests=3, num_tokens=7, max_tokens=max_tokens)
+    for request in requests:
+        scheduler.add_request(request)
+    in_flight: deque[SchedulerOutput] = deque([scheduler.schedule()])
+    total_scheduled = 0
+    while in_flight:
+        if async_scheduling:
+            nxt = scheduler.schedule()
+            if nxt.num_scheduled_tokens:
+                in_flight.append(nxt)
+        sched_output = in_flight.popleft()
+        total_scheduled += sched_output.total_num_scheduled_tokens
+        scheduler.update_from_output(sched_output, _output(sched_output))
+        if not async_scheduling or not in_flight:
+            nxt = scheduler.schedule()
+            if nxt.num_scheduled_tokens:
+                in_flight.append(nxt)
+
+    assert scheduler.get_num_unfinished_requests() == 0
+    for request in requests:
+        assert list(request.output_token_ids) == [TOKEN] * max_tokens
+        assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert total_scheduled == 3 * (7 + max_tokens - 1)
+
+
+def test_window_capped_by_max_model_len():
+    scheduler = _scheduler(8, max_model_len=14)
+    (req,) = create_requests(num_requests=1, num_tokens=10, max_tokens=100)
+    _prefill(scheduler, [req])
+    sched_output = scheduler.schedule()
+    # 11 tokens exist; the window may sample tokens 12, 13 and 14.
+    assert sched_output.num_scheduled_tokens == {req.request_id: 3}
+    scheduler.update_from_output(sched_output, _output(sched_output))
+    assert req.num_tokens == 14
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_waiting_request_turns_the_step_into_a_single_step():
+    scheduler = _scheduler(4)
+    req0, req1 = create_requests(num_requests=2, num_tokens=10, max_tokens=16)
+    _prefill(scheduler, [req0])
+    scheduler.add_request(req1)
+    sched_output = scheduler.schedule()
+    assert not sched_output.multi_step_window
+    assert sched_output.num_scheduled_tokens == {
+        req0.request_id: 1,
+        req1.request_id: 10,
+    }
+    scheduler.update_from_output(sched_output, _output(sched_output))
+    assert scheduler.schedule().multi_step_window
+
+
+def test_partial_prefill_in_the_batch_keeps_single_steps():
+    scheduler = _scheduler(
+        4, max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=True
+    )
+    req0, req1 = create_requests(num_requests=2, num_tokens=6, max_tokens=16)
+    req1.prompt_token_ids.extend([5] * 20)  # a long prompt: prefilled in chunks
+    _prefill(scheduler, [req0])
+    scheduler.add_request(req1)
+    while req1.num_computed_tokens < req1.num_prompt_tokens:
+        sched_output = scheduler.schedule()
+        assert not sched_output.multi_step_window
+        assert sched_output.num_scheduled_tokens[req0.request_id] == 1
+        scheduler.update_from_output(sched_output, _output(sched_output))
+    assert scheduler.schedule().multi_step_window
+
+
+def test_async_placeholders_cover_the_whole_window():
+    scheduler = _scheduler(4, async_scheduling=True)
+    (req,) = create_requests(num_requests=1, num_tokens=10, max_tokens=16)
+    scheduler.add_request(req)
+    prefill = scheduler.schedule()
+    window = scheduler.schedule()  # planned while the prefill is in flight
+    assert window.multi_step_window
+    assert window.num_scheduled_tokens == {req.request_id: 4}
+    assert req.num_output_placeholders == 5
+    scheduler.update_from_output(prefill, _output(prefill))
+    scheduler.update_from_output(window, _output(window))
+    assert req.num_output_placeholders == 0
+    assert list(req.output_token_ids) == [TOKEN] * 5
+    assert req.num_computed_tokens == req.num_tokens - 1
+
+
+def test_token_budget_shrinks_every_window_alike():
+    """No request gets a window cut short by the budget (it would leave the
+    worker's batch early without finishing) and none is starved."""
+    scheduler = _scheduler(8, max_num_seqs=4, max_num_batched_tokens=16)
+    requests = create_requests(num_requests=4, num_tokens=3, max_tokens=30)
+    _prefill(scheduler, requests)
+    sched_output = scheduler.schedule()
+    assert sched_output.multi_step_window
+    assert sched_output.num_scheduled_tokens == {r.request_id: 4 for r in requests}
+
+
+def test_no_position_past_max_tokens_while_a_window_is_in_flight():
+    """Upstream's async check allows one more step when one token is in
+    flight; with a window in flight, the next (single) step must not schedule
+    a position past max_tokens either."""
+    scheduler = _scheduler(4, async_scheduling=True)
+    req0, req1 = create_requests(num_requests=2, num_tokens=10, max_tokens=3)
+    scheduler.add_request(req0)
+    prefill = scheduler.schedule()
+    window = scheduler.schedule()
+    assert window.num_scheduled_tokens == {req0.request_id: 2}  # tokens 2 and 3
+    scheduler.add_request(req1)
+    single = scheduler.schedule()  # a prefill arrives: a single step
+    assert not single.multi_step_window
+    assert single.num_scheduled_tokens == {req1.request_id: 10}
+    for sched_output in (prefill, window, single):
+        scheduler.update_from_output(sched_output, _output(sched_output))
+    assert list(req0.output_token_ids) == [TOKEN] * 3

@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Merging a decode window's step outputs (vllm/v1/worker/multi_step.py).
+
+A window's batch shrinks as requests leave it, so later steps may lack what
+earlier ones had: issue 18's crash was a window whose logprobs requests all
+finished before the others, leaving steps with no logprobs at all.
+"""
+
+import numpy as np
+import pytest
+
+from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+from vllm.v1.worker.multi_step import merge_step_outputs
+
+pytestmark = pytest.mark.cpu_test
+
+
+def _step(tokens: dict[str, int], logprobs: dict[str, float] | None):
+    req_ids = list(tokens)
+    lists = None
+    if logprobs is not None:  # one logprob asked: sampled token + 1 column
+        lists = LogprobsLists(
+            np.array([[tokens[r], 7] for r in req_ids], dtype=np.int32),
+            np.array([[logprobs.get(r, 0.0), -9.0] for r in req_ids], np.float32),
+            np.array([1 for _ in req_ids], dtype=np.int32),
+        )
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=[[tokens[r]] for r in req_ids],
+        logprobs=lists,
+    )
+
+
+def test_steps_after_the_last_logprobs_request_left():
+    steps = [
+        _step({"a": 10, "b": 20}, {"a": -0.5, "b": -1.5}),  # "a" asked for logprobs
+        _step({"a": 11, "b": 21}, {"a": -0.25, "b": -1.0}),  # "a" stops here
+        _step({"b": 22}, None),  # no logprobs request left
+        _step({"b": 23}, None),
+    ]
+
+    merged = merge_step_outputs(steps)
+
+    assert merged.sampled_token_ids == [[10, 11], [20, 21, 22, 23]]
+    a = merged.logprobs.slice_request(0, 2)
+    assert a.logprob_token_ids.tolist() == [[10, 7], [11, 7]]
+    assert a.logprobs.tolist() == [[-0.5, -9.0], [-0.25, -9.0]]
+    # "b" keeps one row per token so that "a"'s rows stay where cu says.
+    assert merged.logprobs.cu_num_generated_tokens == [0, 2, 6]
+    assert merged.logprobs.logprob_token_ids.dtype == np.int32
+    assert len(merged.logprobs.sampled_token_ranks) == 6
+
+
+def test_a_window_without_logprobs_has_none():
+    merged = merge_step_outputs([_step({"a": 1}, None), _step({"a": 2}, None)])
+    assert merged.logprobs is None and merged.sampled_token_ids == [[1, 2]]

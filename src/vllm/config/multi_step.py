@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Resolve and validate multi-step decode (`--num-scheduler-steps N`).
+
+Multi-step decode must give exactly the tokens single-step decoding gives.
+Options whose per-step state the window cannot reproduce are refused here, at
+startup, with the reason, rather than silently degraded.
+"""
+
+from typing import TYPE_CHECKING
+
+import vllm.envs as envs
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config.vllm import VllmConfig
+
+logger = init_logger(__name__)
+
+# The spelling of the option in the V1 multi-step proposal, kept as an alias.
+ADDITIONAL_CONFIG_KEY = "multi_step"
+# Drafters whose inner-step drafts the window can feed back exactly
+# (vllm/v1/worker/multi_step_spec.py); the others are untested in windows.
+# EAGLE heads and MTP layers share one proposer; EAGLE-3 (auxiliary hidden
+# states), suffix and ngram_gpu are untested in windows, so they stay refused.
+SPEC_METHODS_IN_WINDOWS = ("ngram", "draft_model", "eagle", "mtp")
+
+
+def _steps_from_additional_config(vllm_config: "VllmConfig") -> int | None:
+    additional = vllm_config.additional_config
+    if not isinstance(additional, dict) or ADDITIONAL_CONFIG_KEY not in additional:
+        return None
+    value = additional[ADDITIONAL_CONFIG_KEY]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"additional_config['{ADDITIONAL_CONFIG_KEY}'] must be an integer "
+            f">= 1 (the number of decode steps per scheduler call), got {value!r}."
+        )
+    return value
+
+
+def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
+    """Options multi-step decode cannot run exactly with."""
+    reasons = []
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.runner_type == "pooling":
+        reasons.append("pooling models (multi-step decode is for generation)")
+    if model_config is not None and model_config.is_encoder_decoder:
+        reasons.append("encoder-decoder models")
+    if model_config is not None and (
+        model_config.is_hybrid or model_config.is_attention_free
+    ):
+        # Their recurrent state advances per scheduled chunk and prefix
+        # caching aligns it to blocks; windows are untested against both.
+        reasons.append("hybrid and attention-free (Mamba-style) models")
+    if vllm_config.aux_output_config.enabled:
+        reasons.append("auxiliary outputs such as routed experts (per step)")
+    speculative_config = vllm_config.speculative_config
+    if speculative_config is not None and (
+        speculative_config.method not in SPEC_METHODS_IN_WINDOWS
+    ):
+        reasons.append(
+            f"{speculative_config.method} speculative decoding (windows support "
+            + " and ".join(SPEC_METHODS_IN_WINDOWS)
+            + ")"
+        )
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.pipeline_parallel_size > 1:
+        reasons.append("pipeline parallelism")
+    if parallel_config.data_parallel_size > 1:
+        reasons.append("data parallelism (ranks would run different step counts)")
+    if vllm_config.kv_transfer_config is not None:
+        reasons.append("KV transfer connectors")
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        reasons.append("VLLM_USE_V2_MODEL_RUNNER=1 (multi-step runs on the V1 runner)")
+    if vllm_config.attention_config.hisparse_config is not None:
+        reasons.append("HiSparse attention (needs the V2 model runner)")
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        reasons.append("watermarking (needs the V2 model runner)")
+    return reasons
+
+
+def resolve_multi_step(vllm_config: "VllmConfig") -> None:
+    """Apply the additional_config alias, then refuse unsupported combinations."""
+    scheduler_config = vllm_config.scheduler_config
+    alias = _steps_from_additional_config(vllm_config)
+    if alias is not None:
+        steps = scheduler_config.num_scheduler_steps
+        if steps not in (1, alias):
+            raise ValueError(
+                f"--num-scheduler-steps {steps} and additional_config"
+                f"['{ADDITIONAL_CONFIG_KEY}']={alias} disagree; set one of them."
+            )
+        scheduler_config.num_scheduler_steps = alias
+
+    steps = scheduler_config.num_scheduler_steps
+    if steps == 1:
+        return
+    reasons = _unsupported_reasons(vllm_config)
+    if reasons:
+        raise ValueError(
+            f"--num-scheduler-steps {steps} cannot be combined with "
+            + "; ".join(reasons)
+            + ". Use --num-scheduler-steps 1 for these."
+        )
+    if vllm_config.speculative_config is not None and scheduler_config.async_scheduling:
+        # Each inner step's drafts are placed after the previous step's
+        # accepted tokens, which only the host-side bookkeeping knows.
+        logger.warning(
+            "Multi-step decode with speculative decoding runs with async "
+            "scheduling off."
+        )
+        scheduler_config.async_scheduling = False
+    logger.info(
+        "Multi-step decode: up to %d decode steps per scheduler call "
+        "(async scheduling %s).",
+        steps,
+        "on" if scheduler_config.async_scheduling else "off",
+    )

@@ -1,0 +1,344 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Multi-step decode, worker side: run a decode window as back-to-back steps.
+
+The scheduler marks a window (`SchedulerOutput.multi_step_window`) and gives
+each request the number of decode steps it may run
+(vllm/v1/core/sched/multi_step.py). The worker runs the window through the
+model runner's own single-step path, `execute_model` + `sample_tokens`, once per
+step: step 1 is the scheduler's output with one token per request, each later
+step a follow-up output for the requests still going, at the next position. So
+every step gets exactly what a single-step schedule would give it: input ids
+from the previous sample (on the device under async scheduling), positions,
+slot mappings and attention metadata for that position, and penalties,
+min_tokens, bad words, seeded generators and logprobs over the full token
+history. The KV blocks for the whole window arrived with step 1.
+
+A request leaves the window after its last planned step or when it samples a
+stop token (EOS unless ignored, or one of its stop_token_ids); the window ends
+when no request is left. Stops the worker cannot see (stop strings, repetition
+detection) are found by the scheduler, which discards the tokens that follow.
+The steps' outputs are merged into one ModelRunnerOutput with up to n tokens
+(and logprob rows) per request.
+"""
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+from vllm.v1.worker.multi_step_lean import LeanDecodeStep
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import GrammarOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.worker_base import WorkerBase
+
+
+class _ReadyOutput(AsyncModelRunnerOutput):
+    """A window's merged output, in the async wrapper the caller expects."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self.output = output
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self.output
+
+
+def resolve_output(
+    output: ModelRunnerOutput | AsyncModelRunnerOutput,
+) -> ModelRunnerOutput:
+    if isinstance(output, AsyncModelRunnerOutput):
+        return output.get_output()
+    return output
+
+
+class DecodeWindowRunner:
+    def __init__(self, worker: "WorkerBase") -> None:
+        self.worker = worker
+        # The window whose first step is executing, until it is sampled.
+        self._window: SchedulerOutput | None = None
+        self._first_step_req_ids: list[str] = []
+        # Requests seen finishing: a stop token sampled, or a window shorter
+        # than the others' (the scheduler cuts a window only at max_tokens or
+        # max_model_len). Under async scheduling the next step is planned
+        # before the scheduler learns of it; these requests sit it out.
+        self._done: set[str] = set()
+        self._lean_step: LeanDecodeStep | None = None
+
+    @classmethod
+    def create(
+        cls, vllm_config: "VllmConfig", worker: "WorkerBase"
+    ) -> "DecodeWindowRunner | None":
+        if vllm_config.scheduler_config.num_scheduler_steps == 1:
+            return None
+        return cls(worker)
+
+    @property
+    def runner(self) -> "GPUModelRunner":
+        return self.worker.model_runner
+
+    @property
+    def _lean(self) -> LeanDecodeStep:
+        # The runner's model and KV cache exist only after worker start-up.
+        if self._lean_step is None:
+            self._lean_step = LeanDecodeStep(self.runner)
+        return self._lean_step
+
+    def first_step(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
+        """What the runner executes first: a window's step 1, or the step as is.
+
+        Under async scheduling, a step planned before the scheduler learned
+        that a request finished may still list it; the runner no longer holds
+        it in its batch (it left its window), so it is dropped from the step.
+        The scheduler ignores outputs for finished requests.
+        """
+        self._done -= scheduler_output.finished_req_ids
+        self._done -= {r.req_id for r in scheduler_output.scheduled_new_reqs}
+        self._done -= scheduler_output.scheduled_cached_reqs.resumed_req_ids
+        window = scheduler_output.multi_step_window
+        self._window = scheduler_output if window else None
+        scheduled = scheduler_output.num_scheduled_tokens
+        dropped = self._done.intersection(scheduled)
+        if not window and not dropped:
+            return scheduler_output
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        counts = {
+            req_id: 1 + len(spec.get(req_id, ())) if window else num_tokens
+            for req_id, num_tokens in scheduled.items()
+            if req_id not in dropped
+        }
+        self._first_step_req_ids = list(counts)
+        return replace(
+            scheduler_output,
+            scheduled_cached_reqs=_without(
+                scheduler_output.scheduled_cached_reqs, dropped
+            ),
+            num_scheduled_tokens=counts,
+            total_num_scheduled_tokens=sum(counts.values()),
+            multi_step_window=0,
+        )
+
+    def sample_tokens(
+        self, grammar_output: "GrammarOutput | None"
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        runner = self.runner
+        window, self._window = self._window, None
+        first = runner.sample_tokens(grammar_output)
+        if window is None:
+            return first
+        if self.runner.speculative_config is not None:
+            # Imported here: the spec window builds on this module's helpers.
+            from vllm.v1.worker.multi_step_spec import SpecDecodeWindow
+
+            steps, spec_counts = SpecDecodeWindow(self.runner).run(
+                window, resolve_output(first), self._first_step_req_ids
+            )
+            return replace(
+                merge_step_outputs(steps), multi_step_spec_counts=spec_counts
+            )
+        steps = [resolve_output(first)]
+        cached = window.scheduled_cached_reqs
+        start = dict(zip(cached.req_ids, cached.num_computed_tokens))
+        steps_left = {
+            req_id: window.num_scheduled_tokens[req_id]
+            for req_id in self._first_step_req_ids
+        }
+        longest = max(window.num_scheduled_tokens.values())
+        cut = {r for r, n in window.num_scheduled_tokens.items() if n < longest}
+        stops = {
+            r: stop_token_ids(runner.requests[r].sampling_params) for r in steps_left
+        }
+        self._leave_window(steps[-1], steps_left, cut, stops)
+        self._lean.start_window()
+        step = 1
+        while steps_left:
+            step_output = follow_up_step(
+                runner.requests, {r: start[r] + step for r in steps_left}
+            )
+            self._lean.run(step_output, steps[-1])
+            steps.append(resolve_output(runner.sample_tokens(None)))
+            self._leave_window(steps[-1], steps_left, cut, stops)
+            step += 1
+        merged = merge_step_outputs(steps)
+        if isinstance(first, AsyncModelRunnerOutput):
+            return _ReadyOutput(merged)
+        return merged
+
+    def _leave_window(
+        self,
+        output: ModelRunnerOutput,
+        steps_left: dict[str, int],
+        cut: set[str],
+        stops: dict[str, frozenset[int]],
+    ) -> None:
+        """Count a step done; drop requests that stopped or ran their last step.
+
+        `cut` holds the requests whose window the scheduler made shorter than
+        the others' (at max_tokens or max_model_len): they finish with it.
+        `stops` holds each request's stop token ids (`stop_token_ids`).
+        """
+        for req_id, index in output.req_id_to_index.items():
+            if req_id not in steps_left:
+                continue
+            tokens = output.sampled_token_ids[index]
+            if tokens and tokens[-1] in stops[req_id]:
+                self._done.add(req_id)
+                del steps_left[req_id]
+            elif steps_left[req_id] == 1:
+                del steps_left[req_id]
+                if req_id in cut:
+                    self._done.add(req_id)
+            else:
+                steps_left[req_id] -= 1
+
+
+def follow_up_step(
+    requests: dict,
+    num_computed: dict[str, int],
+    drafts: dict[str, list[int]] | None = None,
+    num_spec_tokens_to_schedule: int = 0,
+) -> SchedulerOutput:
+    """What a single-step scheduler would send next: each request's last
+    token at its position, plus its drafts if any."""
+    req_ids = list(num_computed)
+    drafts = drafts or {}
+    num_scheduled = {r: 1 + len(drafts.get(r, ())) for r in req_ids}
+    return SchedulerOutput(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=CachedRequestData(
+            req_ids=req_ids,
+            resumed_req_ids=set(),
+            new_token_ids=[],
+            all_token_ids={},
+            new_block_ids=[None] * len(req_ids),
+            num_computed_tokens=[num_computed[r] for r in req_ids],
+            num_output_tokens=[len(requests[r].output_token_ids) for r in req_ids],
+        ),
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=sum(num_scheduled.values()),
+        scheduled_spec_decode_tokens={r: d for r, d in drafts.items() if d},
+        scheduled_encoder_inputs={},
+        finished_req_ids=set(),
+        free_encoder_mm_hashes=[],
+        num_spec_tokens_to_schedule=num_spec_tokens_to_schedule,
+    )
+
+
+def _without(cached: CachedRequestData, req_ids: set[str]) -> CachedRequestData:
+    if not req_ids:
+        return cached
+    keep = [i for i, req_id in enumerate(cached.req_ids) if req_id not in req_ids]
+    return CachedRequestData(
+        req_ids=[cached.req_ids[i] for i in keep],
+        resumed_req_ids=cached.resumed_req_ids - req_ids,
+        new_token_ids=[cached.new_token_ids[i] for i in keep]
+        if cached.new_token_ids
+        else [],
+        all_token_ids={
+            r: t for r, t in cached.all_token_ids.items() if r not in req_ids
+        },
+        new_block_ids=[cached.new_block_ids[i] for i in keep],
+        num_computed_tokens=[cached.num_computed_tokens[i] for i in keep],
+        num_output_tokens=[cached.num_output_tokens[i] for i in keep],
+    )
+
+
+def stop_token_ids(params) -> frozenset[int]:
+    """The token ids that end a request as soon as it samples one.
+
+    The scheduler's check_stop stops on these before any other check; the
+    min_tokens logits processor keeps them from being sampled too early.
+    """
+    if params is None:
+        return frozenset()
+    stops = frozenset(params.stop_token_ids or ())
+    return stops if params.eos_token_id is None else stops | {params.eos_token_id}
+
+
+def merge_step_outputs(steps: list[ModelRunnerOutput]) -> ModelRunnerOutput:
+    """One output with each request's tokens (and logprob rows) in step order."""
+    first = steps[0]
+    rows: list[list[tuple[ModelRunnerOutput, int]]] = []
+    for req_id in first.req_ids:
+        rows.append(
+            [
+                (step, step.req_id_to_index[req_id])
+                for step in steps
+                if req_id in step.req_id_to_index
+                and step.sampled_token_ids[step.req_id_to_index[req_id]]
+            ]
+        )
+    sampled = [
+        [tok for step, i in req_rows for tok in step.sampled_token_ids[i]]
+        for req_rows in rows
+    ]
+    num_nans: dict[str, int] = {}
+    prompt_logprobs = {}
+    for step in steps:
+        num_nans.update(step.num_nans_in_logits or {})
+        prompt_logprobs.update(step.prompt_logprobs_dict)
+    return replace(
+        first,
+        sampled_token_ids=sampled,
+        logprobs=_merge_logprobs(rows) if first.logprobs is not None else None,
+        prompt_logprobs_dict=prompt_logprobs,
+        num_nans_in_logits=num_nans or first.num_nans_in_logits,
+    )
+
+
+def _merge_logprobs(
+    rows: list[list[tuple[ModelRunnerOutput, int]]],
+) -> LogprobsLists:
+    """Concatenate per-step logprob rows per request.
+
+    Each step's arrays are as wide as that step's largest logprobs request;
+    narrower rows are padded on the right (readers use a request's own count).
+    A step after the last logprobs request left the window has no logprobs;
+    the requests still in it did not ask for any (a request that asks is in
+    every step it runs), so they get placeholder rows that keep each request's
+    rows where `cu_num_generated_tokens` says, and that nothing reads.
+    """
+    present = [
+        step.logprobs
+        for req_rows in rows
+        for step, _ in req_rows
+        if step.logprobs is not None
+    ]
+    width = max(lists.logprob_token_ids.shape[1] for lists in present)
+    token_ids, logprobs, ranks, cu = [], [], [], [0]
+    for req_rows in rows:
+        num_rows = 0
+        for step, i in req_rows:
+            # One row per generated token: several when drafts were accepted.
+            num_tokens = len(step.sampled_token_ids[i])
+            if step.logprobs is None:
+                lists = _placeholder_logprobs(present[0], num_tokens)
+            else:
+                lists = step.logprobs.slice_request(i, num_tokens)
+            pad = width - lists.logprob_token_ids.shape[1]
+            token_ids.append(np.pad(lists.logprob_token_ids, ((0, 0), (0, pad))))
+            logprobs.append(
+                np.pad(lists.logprobs, ((0, 0), (0, pad)), constant_values=-np.inf)
+            )
+            ranks.append(lists.sampled_token_ranks)
+            num_rows += num_tokens
+        cu.append(cu[-1] + num_rows)
+    return LogprobsLists(
+        np.concatenate(token_ids),
+        np.concatenate(logprobs),
+        np.concatenate(ranks),
+        cu,
+    )
+
+
+def _placeholder_logprobs(like: LogprobsLists, num_rows: int) -> LogprobsLists:
+    """`num_rows` empty rows with the dtypes of `like` (padded by the caller)."""
+    return LogprobsLists(
+        np.zeros((num_rows, 0), dtype=like.logprob_token_ids.dtype),
+        np.zeros((num_rows, 0), dtype=like.logprobs.dtype),
+        np.zeros(num_rows, dtype=like.sampled_token_ranks.dtype),
+    )
