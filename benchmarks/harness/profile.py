@@ -9,17 +9,16 @@ frames on its stack (BUCKETS or ENGINE_CORE_BUCKETS, first match wins).
 Shares are ratios within one run, so they move far less between runs than
 tokens/s on this machine (docs/benchmarks.md gives the spread measured).
 
-  .tool-venv/bin/python benchmarks/worker_profile.py --build overlay --kwargs '{"num_scheduler_steps": 8}'
-  .tool-venv/bin/python benchmarks/worker_profile.py --build upstream --kwargs '{}'
-  .tool-venv/bin/python benchmarks/worker_profile.py --process engine-core --build overlay --kwargs '{}'
+  .tool-venv/bin/python benchmarks/bench.py profile --build overlay --kwargs '{"num_scheduler_steps": 8}'
+  .tool-venv/bin/python benchmarks/bench.py profile --build upstream --kwargs '{}'
+  .tool-venv/bin/python benchmarks/bench.py profile --process engine-core --build overlay --kwargs '{}'
 
 Needs py-spy (PyPI, a sampling profiler for Python processes): installed into
-the venv running this script (the tool venv, as above) on first use.
+the venv running bench.py (the tool venv, as above) on first use.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -31,8 +30,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from serve_ab import ROOT, build_model, venvs
 from support.engines import VLLM_ENV
+
+from harness import builds, results, worker
+
+HELP = "where a process's wall time goes during offline decode: a py-spy sampling profile"
 
 # (bucket, frame markers): a sample goes to the first bucket one of whose
 # markers appears in one of its frames.
@@ -101,24 +103,37 @@ def classify(raw: Path, buckets_by_marker: list = BUCKETS) -> tuple[Counter, int
     return buckets, total
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", choices=["upstream", "overlay"], default="overlay")
+def summarize(runs: list[dict]) -> dict:
+    """The share of each bucket: of the one run, or the mean over the runs of each variant."""
+    variants = list(dict.fromkeys(r.get("variant") for r in runs))
+    means = {}
+    for variant in variants:
+        shares = [r["share"] for r in runs if r.get("variant") == variant]
+        buckets = list(dict.fromkeys(b for s in shares for b in s))
+        means[variant] = {b: round(sum(s.get(b, 0.0) for s in shares) / len(shares), 4) for b in buckets}
+    if variants == [None]:
+        return {"share": means[None], "samples": sum(r["samples"] for r in runs)}
+    return {"mean_share": means}
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--build", choices=builds.BUILDS, default=builds.OVERLAY)
     ap.add_argument("--kwargs", default='{"num_scheduler_steps": 8}', help="LLM(...) keyword arguments, JSON")
     ap.add_argument("--process", choices=PROCESSES, default="worker", help="which process's main thread to sample")
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--rate", type=int, default=250, help="samples per second")
-    ap.add_argument("--json", type=Path, help="also write the buckets here")
+    results.add_json_argument(ap)
     ap.add_argument("--raw", type=Path, help="also keep py-spy's raw stacks here (for line-level reading)")
-    args = ap.parse_args()
 
-    pythons = venvs()
-    python, model = pythons[args.build], build_model(pythons["upstream"], "tiny")
+
+def main(args) -> int:
+    pythons = builds.venvs()
+    python, model = pythons[args.build], builds.build_model(pythons[builds.UPSTREAM], "tiny")
     spy = _py_spy()
     process_name, buckets_by_marker = PROCESSES[args.process]
     with tempfile.TemporaryDirectory() as tmp:
         log, raw = Path(tmp) / "run.log", Path(tmp) / "main-thread.raw"
-        cmd = [python, ROOT / "benchmarks" / "offline_worker.py", model, args.kwargs, "32", "256", "200"]
+        cmd = [python, worker.WORKER, model, args.kwargs, "32", "256", "200"]
         with log.open("w") as out:
             run = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, **VLLM_ENV}, start_new_session=True)  # fmt: skip
@@ -137,12 +152,10 @@ def main() -> None:
     print(f"{args.build} {args.kwargs}: {total} samples of the {args.process}'s main thread over {args.seconds} s")
     for name, n in buckets.most_common():
         print(f"  {100 * n / total:5.1f}%  {name}")
-    if args.json:
-        share = {k: round(v / total, 4) for k, v in buckets.most_common()}
-        result = {"build": args.build, "kwargs": json.loads(args.kwargs), "process": args.process, "samples": total,
-                  "share": share}  # fmt: skip
-        args.json.write_text(json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    share = {k: round(v / total, 4) for k, v in buckets.most_common()}
+    runs = [{"build": args.build, "kwargs": json.loads(args.kwargs), "process": args.process, "samples": total,
+             "share": share}]  # fmt: skip
+    data = results.make("profile", arguments=results.arguments(args), runs=runs, summary=summarize(runs),
+                        python=pythons[builds.OVERLAY])  # fmt: skip
+    results.write(data, args.json)
+    return 0

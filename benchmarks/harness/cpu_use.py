@@ -1,6 +1,6 @@
 """CPU use over time: the whole machine and each process of one tree.
 
-Read from /proc (Linux), no dependency. Used by serve_ab.py to show where the
+Read from /proc (Linux), no dependency. Used by `bench.py serve` (harness/serve.py) to show where the
 2 cores went while `vllm bench serve` ran: the server's processes (API server,
 engine core, worker) and everything else (mostly the benchmark client).
 """

