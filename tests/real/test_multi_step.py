@@ -104,6 +104,9 @@ print("RESULT" + json.dumps({
     "alias_bad": resolve(additional_config={"multi_step": "eight"}),
     "ngram": resolve(num_scheduler_steps=4, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
                                                                 "prompt_lookup_max": 2}),
+    "ngram_single": resolve(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                                "prompt_lookup_max": 2}),
+    "plain": resolve(),
     "draft": resolve(num_scheduler_steps=4, speculative_config={"method": "draft_model", "model": model,
                                                                 "num_speculative_tokens": 2}),
     "ngram_gpu": resolve(num_scheduler_steps=4, speculative_config={"method": "ngram_gpu", "num_speculative_tokens": 2,
@@ -126,6 +129,9 @@ def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
     assert "must be an integer" in got["alias_bad"]["error"]
     # Drafts inside windows (patches 0005-0006): ngram and draft models, with async scheduling off
     assert got["ngram"] == {"steps": 4, "async": False}
+    # single steps: async on by default on CPU (patch 0003), off where ngram drafts need it off
+    assert got["plain"] == {"steps": 1, "async": True}
+    assert got["ngram_single"] == {"steps": 1, "async": False}
     assert got["draft"] == {"steps": 4, "async": False}
     assert "ngram_gpu speculative decoding" in got["ngram_gpu"]["error"]
 

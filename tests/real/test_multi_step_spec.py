@@ -3,12 +3,14 @@
 The oracle is upstream vLLM 0.32.0 *without* speculative decoding: with greedy
 sampling, drafts may only change speed, never tokens. The overlay runs
 ``--num-scheduler-steps N`` with drafts from ngram (non-uniform: requests
-without a match get none), a draft model equal to the target (every draft
-accepted), a noisy draft model (its weights perturbed: some drafts accepted,
+without a match get none), a noisy draft model (its weights perturbed: some drafts accepted,
 most rejected, so every window has steps whose rejected positions must be
 given back), an EAGLE head (drafts from the target's hidden states; about one
 draft in five accepted) and a target with its own MTP layer (MiMo layout, run
-through the same proposer; about one draft in three accepted).
+through the same proposer; about one draft in three accepted). The target as its own
+draft model (every draft accepted) left this file on 2026-12-02 (CI budget): the noisy draft
+runs the same draft-model proposer with rejections, the second oracle below checks acceptance
+exactly, and the fuzzer's CI slice runs the target as its own draft in a small budget.
 Each run must show drafts proposed and accepted (not vacuous), far fewer engine
 steps than upstream (windows ran) and an empty KV cache after it; one run
 forces preemption, and a served request is aborted mid-window. A second oracle,
@@ -42,7 +44,6 @@ from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, ass
 # name: (drafter, steps, engine overrides, cases); N = 4: windows of several inner steps
 RUNS = {
     "ngram-N4": ("ngram", 4, {}, SPEC_CASES),
-    "self-N4": ("self", 4, {}, SPEC_CASES),
     "noisy-N4": ("noisy", 4, {}, SPEC_CASES),
     "noisy-N4-preempt": ("noisy", 4, PREEMPT, ENGINES["preempt"][2][:1]),
     "eagle-N4": ("eagle", 4, {}, SPEC_CASES),
@@ -65,7 +66,6 @@ def drafters(tiny_llama, upstream_python, tmp_path_factory):
         subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
     return {
         "ngram": (NGRAM, tiny_llama),
-        "self": ({"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}, tiny_llama),
         "noisy": ({"method": "draft_model", "model": str(noisy), "num_speculative_tokens": 3}, tiny_llama),
         "eagle": ({"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3}, tiny_llama),
         "mtp": ({"method": "mtp", "num_speculative_tokens": 3}, mtp),  # the target's own MTP layer
@@ -136,14 +136,9 @@ def test_drafts_are_partly_rejected(spec_run, name):
     assert 0.05 < accepted / drafted < 0.9, (accepted, drafted)
 
 
-def test_the_target_as_its_own_draft_has_every_draft_accepted(spec_run):
-    drafted, accepted = drafted_and_accepted(spec_run("self-N4")[0])
-    assert accepted == drafted
-
-
 # The drafters whose drafts are partly rejected and depend on more than the tokens (a
 # second model's view of them, the target's hidden states): ngram drafts are a function
-# of the tokens compared above, the target as its own draft has every draft accepted.
+# of the tokens compared above.
 @pytest.mark.parametrize("name", ["noisy-N4", "eagle-N4"])
 def test_windows_draft_and_accept_as_single_steps_do(spec_run, name):
     """Upstream with the same drafter and no windows drafts and accepts exactly as many tokens.

@@ -6,7 +6,7 @@ sampling case in one engine start; outputs must match token for token, text
 and finish reasons included; logprobs match in token ids and ranks, and in
 value within LOGPROB_TOL. Every case is also checked against the oracle's
 own outputs to show it changes the output (no vacuous pass), and every engine
-feature (chunked prefill, prefix caching, preemption, ngram speculation) is
+feature (chunked prefill, prefix caching, preemption) is
 shown to have happened through the engine's own counters.
 """
 
@@ -21,11 +21,12 @@ def run(parity_run):
     return parity_run
 
 
-# Single steps with async scheduling on, the overlay's CPU default (ngram drafts keep it
-# off). Qwen3 runs in test_multi_step.py (with async on, its windows' first steps are these
-# single steps), and so does async off (windows of single steps without overlap); upstream
-# runs every engine, the oracle of both files.
-OVERLAY_RUNS = [("llama", "default"), ("chunked", "default"), ("preempt", "default"), ("ngram", "default")]
+# Single steps with async scheduling on, the overlay's CPU default. Async off runs in
+# test_multi_step.py (windows of single steps without overlap); upstream runs every engine,
+# the oracle of both files. ngram drafts at N = 1 left CI on 2026-12-02 (budget): ngram in
+# windows is test_multi_step_spec.py's, N = 1 the fuzzer's long run's (ngram-N1), and that
+# ngram keeps async off is test_multi_step.py's option check.
+OVERLAY_RUNS = [("llama", "default"), ("chunked", "default"), ("preempt", "default")]
 
 
 @pytest.mark.parametrize("engine, async_mode", OVERLAY_RUNS)
@@ -34,7 +35,7 @@ def test_overlay_matches_upstream(run, engine, async_mode):
     assert theirs["async_scheduling"] is False  # upstream's CPU platform forces it off
     # The overlay turns async scheduling on by default on CPU, except where
     # the engine cannot use it (ngram speculation is CPU-side and synchronous).
-    expected = async_mode == "default" and engine != "ngram"
+    expected = async_mode == "default"
     assert ours["async_scheduling"] is expected
     assert_same_outputs(ours, theirs, engine)
 
@@ -74,10 +75,6 @@ def test_engine_features_were_exercised(run, models):
         shared = case_outputs(run(build, "llama"), "llama", PREFIX_CASES)
         assert shared["counters"].get("vllm:prefix_cache_hits", 0) > 0
         assert run(build, "preempt")["counters"].get("vllm:num_preemptions", 0) > 0
-        # Drafts are proposed and verified (1 + k tokens per step). The random
-        # model never continues a repeated n-gram, so none is accepted: the
-        # acceptance path is covered with a draft model in the spec-decode work.
-        assert run(build, "ngram")["counters"].get("vllm:spec_decode_num_draft_tokens", 0) > 0
 
 
 def test_engine_log_names_the_overlay(run):

@@ -82,7 +82,8 @@ def test_commit_pin_from_local_git_repo_of_the_sdist(tmp_path, lock):
     project = tmp_path / "project"
     project.mkdir()
     (project / "series").write_bytes((ROOT / "series").read_bytes())
-    (project / "patches").symlink_to(ROOT / "patches")
+    for ours in ("patches", "src", "contract.toml"):
+        (project / ours).symlink_to(ROOT / ours)
     pinned = dataclasses.replace(lock, source=GitSource(str(repo), commit))
     dump(pinned, project / "upstream.lock")
     args = ["--series", str(project / "series"), "--cache-dir", str(tmp_path / "cache"), "--json", "-q"]

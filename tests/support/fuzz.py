@@ -433,11 +433,19 @@ def _logprob_problems(what: str, a: list | None, b: list | None) -> list[str]:
 
 def _untied(row: list | None) -> list[tuple[int, int]]:
     """(token id, rank) of the entries whose value is unique, -inf aside (a vocab of ties), and
-    whose rank is not the row's last top-k rank (a tie with a token outside the row)."""
+    that are not the row's last top-k entry (a tie with a token outside the row)."""
     row = row or []
     values = [v for _, v, _ in row]
-    last = max((r for _, _, r in row if r <= len(row)), default=0)
-    return [(t, r) for t, v, r in row if values.count(v) == 1 and v != float("-inf") and r != last]
+    return [(t, r) for t, v, r in row if values.count(v) == 1 and v != float("-inf") and not _is_last(row, v, r)]
+
+
+def _is_last(row: list, value: float, rank: int | None) -> bool:
+    """The row's last top-k entry: its largest rank within the row's length, or, where the row
+    has no ranks (through the server), its lowest value."""
+    ranks = [r for _, _, r in row if r is not None]
+    if rank is not None:
+        return rank == max((r for r in ranks if r <= len(row)), default=0)
+    return not ranks and value == min(v for _, v, _ in row)
 
 
 def _prefix_problems(ours: dict, theirs: dict) -> list[str]:

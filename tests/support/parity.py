@@ -91,7 +91,6 @@ SPEC_CASES = [
 # spec-decode cases (case_index finds one).
 ENGINES = {
     "llama": ("llama", {}, SAMPLING + PREFIX_CASES + [STRUCTURED_CASE] + SPEC_CASES),
-    "qwen3": ("qwen3", {}, SAMPLING),
     "chunked": (
         "llama",
         CHUNKED,
@@ -111,11 +110,6 @@ ENGINES = {
             {"prompts": PROMPTS, "params": {**CASES["greedy"], "max_tokens": 160}},
             {"prompts": PROMPTS, "params": {**CASES["seeded"], "max_tokens": 160}},
         ],
-    ),
-    "ngram": (
-        "llama",
-        {"speculative_config": NGRAM},
-        [{"prompts": REPETITIVE, "params": {**CASES["greedy"], "max_tokens": 48}}],
     ),
 }
 # Overlay runs: async scheduling by default (None: the engine decides) and forced off.
