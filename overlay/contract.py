@@ -22,6 +22,7 @@ attribute our code reads that the contract does not list.
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -64,15 +65,18 @@ def load(path: Path) -> Contract | None:
 
 def problems(contract: Contract, modules: Iterable[Module], read: Reader) -> list[str]:
     """What of the contract ``read``'s tree breaks: one line per missing name, upstream-style."""
+    read = functools.cache(read)  # several classes and imports name one file
+    modules = tuple(modules)
     found = []
     for key, names in contract.classes.items():
         file, cls = key.split(":")
-        defined = _class_names(read(file), cls)
-        if defined is None:
+        node = _class_def(read(file), cls)
+        if node is None:
             found.append(f"{file}: class {cls} is gone (our modules use {', '.join(names)})")
             continue
+        defined = _class_names(node)
         found += [f"{file}: {cls}.{name} is gone" for name in names if name not in defined]
-        if key in contract.exact and (new := sorted(_fields(read(file), cls) - set(names))):
+        if key in contract.exact and (new := sorted(_fields(node) - set(names))):
             found.append(f"{file}: {cls} has new fields {', '.join(new)} (our modules build it by keyword)")
     ours = {m.path for m in modules}
     for module in modules:
@@ -101,13 +105,12 @@ def check_tree(series_path: Path, modules: Iterable[Module], repo: Path, tree: s
 def undeclared(contract: Contract, modules: Iterable[Module]) -> list[str]:
     """Attributes our modules read on a receiver (``runner.x``) that its class's entry does not list."""
     missing = []
-    for module in modules:
-        if not module.path.endswith(".py") or not module.path.startswith("vllm/"):
-            continue
+    for module in filter(_is_vllm_python, modules):
         for node in ast.walk(ast.parse(module.data)):
-            if isinstance(node, ast.Attribute) and (key := contract.receivers.get(_receiver(node.value))):
-                if node.attr not in contract.classes[key]:
-                    missing.append(f"{module.path}:{node.lineno}: {_receiver(node.value)}.{node.attr} ({key})")
+            receiver = _receiver(node.value) if isinstance(node, ast.Attribute) else None
+            key = contract.receivers.get(receiver)
+            if key and node.attr not in contract.classes[key]:
+                missing.append(f"{module.path}:{node.lineno}: {receiver}.{node.attr} ({key})")
     return sorted(set(missing))
 
 
@@ -120,30 +123,33 @@ def _receiver(node: ast.expr) -> str | None:
     return None
 
 
-def _class_names(source: str | None, cls: str) -> set[str] | None:
+def _is_vllm_python(module: Module) -> bool:
+    return module.path.endswith(".py") and module.path.startswith("vllm/")
+
+
+def _class_def(source: str | None, cls: str) -> ast.ClassDef | None:
     if source is None:
         return None
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            names = set()
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    names.add(item.name)
-                names |= _assigned(item)
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store):
-                    if isinstance(inner.value, ast.Name) and inner.value.id == "self":
-                        names.add(inner.attr)
-            return names
-    return None
+    return next((n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls), None)
 
 
-def _fields(source: str | None, cls: str) -> set[str]:
-    """The annotated class-level names of ``cls`` (dataclass and NamedTuple fields)."""
-    for node in ast.walk(ast.parse(source or "")):
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            return {i.target.id for i in node.body if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)}
-    return set()
+def _class_names(node: ast.ClassDef) -> set[str]:
+    """Methods, class-level names and ``self.<name> = ...`` assignments of a class."""
+    names = set()
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(item.name)
+        names |= _assigned(item)
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store):
+            if isinstance(inner.value, ast.Name) and inner.value.id == "self":
+                names.add(inner.attr)
+    return names
+
+
+def _fields(node: ast.ClassDef) -> set[str]:
+    """The annotated class-level names of a class (dataclass and NamedTuple fields)."""
+    return {i.target.id for i in node.body if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)}
 
 
 def _assigned(node: ast.stmt) -> set[str]:
@@ -179,7 +185,7 @@ def _defined(body: list[ast.stmt]) -> set[str]:
 
 def _vllm_imports(module: Module) -> list[tuple[str, str, int]]:
     """(module, name, line) for each ``from vllm... import name`` in a Python module of ours."""
-    if not module.path.endswith(".py") or not module.path.startswith("vllm/"):
+    if not _is_vllm_python(module):
         return []
     found = []
     for node in ast.walk(ast.parse(module.data)):

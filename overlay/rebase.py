@@ -378,12 +378,12 @@ def _finish(rb: Rebase) -> RebaseResult:
             f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
         )
     new_lock = lockmod.loads(st.new_lock)
-    contract = check_tree(series_path, load_series(series_path).modules, rb.tree, "HEAD")
     changes = _export_atomically(rb.tree, series_path)
     lockmod.dump(new_lock, lock_path)
+    after = load_series(series_path)  # the rebased series: its src/ is what the contract concerns
     result = rb.result(completed=True)
-    result.changes, result.contract = changes, contract
-    result.series_after = load_series(series_path).sha256
+    result.changes, result.series_after = changes, after.sha256
+    result.contract = check_tree(series_path, after.modules, rb.tree, "HEAD")
     shutil.rmtree(rb.dir)
     return result
 

