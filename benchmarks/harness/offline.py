@@ -26,6 +26,9 @@ from harness import builds, forward_only, results, worker
 HELP = "multi-step decode offline (vllm.LLM): upstream against overlay N = 1, 2, 4, 8"
 UPSTREAM = builds.UPSTREAM  # upstream's configuration is the build's name
 STEPS_PREFIX = "overlay N="  # then the overlay's configurations: overlay N=1, overlay N=8, ...
+# The overlay with every window's inner steps run step by step (no device window), for comparison.
+STEP_PATH_PREFIX = "step path N="
+STEP_PATH = {"additional_config": {"multi_step_device_window": False}}
 
 
 def config_name(n: int) -> str:
@@ -68,6 +71,8 @@ def summarize(runs: list[dict]) -> dict:
 def add_arguments(ap) -> None:
     ap.add_argument("--model", choices=builds.MODEL_ARGS, default="tiny")
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--step-path", type=int, nargs="*", default=[], metavar="N",
+                    help="also the overlay at these N with the device window off (inner steps step by step)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--out-len", type=int, default=256)
@@ -85,6 +90,9 @@ def main(args) -> int:
     for n in args.steps:
         kwargs = {"num_scheduler_steps": n} | ({"async_scheduling": False} if args.no_async else {})
         configs[config_name(n)] = (pythons[builds.OVERLAY], kwargs)
+    for n in args.step_path:
+        kwargs = {"num_scheduler_steps": n} | STEP_PATH | ({"async_scheduling": False} if args.no_async else {})
+        configs[f"{STEP_PATH_PREFIX}{n}"] = (pythons[builds.OVERLAY], kwargs)
     shape = {"batch": args.batch, "out_len": args.out_len, "reps": args.reps}
     runs: list[dict] = []
     names = list(configs)
@@ -104,16 +112,16 @@ def main(args) -> int:
     med, limit = summary["median_tok_s"], summary["forward_limit"]
     print(f"\nmodel={args.model} batch={args.batch} out_len={args.out_len} rounds={args.rounds} "
           f"async={'off' if args.no_async else 'on'} (overlay)")  # fmt: skip
-    print(f"{'config':14} {'tok/s':>9} {'vs upstream':>12} {'limit/this':>11}"
+    print(f"{'config':16} {'tok/s':>9} {'vs upstream':>12} {'limit/this':>11}"
           + (f" {'worker fwd ms':>14} {'fwd share':>10}" if args.worker_forward else ""))  # fmt: skip
     for name, value in med.items():
-        row = f"{name:14} {value:9.0f} {value / med[UPSTREAM]:11.2f}x {limit / value:10.2f}x"
+        row = f"{name:16} {value:9.0f} {value / med[UPSTREAM]:11.2f}x {limit / value:10.2f}x"
         if args.worker_forward:
             forward_ms = summary.get("worker_forward_ms", {}).get(name, float("nan"))
             # A decode step's wall time at this throughput: BATCH tokens.
             row += f" {forward_ms:14.3f} {forward_ms / (1000 * args.batch / value):9.0%}"
         print(row)
-    row = f"{'forward-only':14} {limit:9.0f} {limit / med[UPSTREAM]:11.2f}x {1:10.2f}x"
+    row = f"{'forward-only':16} {limit:9.0f} {limit / med[UPSTREAM]:11.2f}x {1:10.2f}x"
     if args.worker_forward:  # in-process: the physical limit's own forward
         row += f" {summary['forward_ms']:14.3f} {1:9.0%}"
     print(row)

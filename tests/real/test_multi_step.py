@@ -18,6 +18,7 @@ every run (no block leaked by a window).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from support.engines import run_env
@@ -60,17 +61,30 @@ def test_windows_really_ran(parity_run, engine, steps, async_mode):
         assert ours["counters"]["vllm:prefix_cache_hits"] > 0
 
 
-@pytest.mark.parametrize("engine, async_mode", [("llama", "default"), ("llama", "off"), ("preempt", "default")])
-def test_lean_inner_steps_ran(parity_run, engine, async_mode):
-    """The N=8 runs compared above went through the lean inner step.
+WINDOW_PATHS = re.compile(r"Multi-step decode windows: (\d+), inner steps on the device in (\d+), step by step in (\d+)")
 
-    Inner steps whose batch is unchanged skip the runner's input rebuild
-    (vllm/v1/worker/multi_step_lean.py); the worker logs the first one. The
-    parity of those runs with upstream is therefore the lean step's parity.
+
+@pytest.mark.parametrize("engine, steps, async_mode", MULTI_STEP_RUNS)
+def test_both_window_paths_ran(parity_run, engine, steps, async_mode):
+    """The runs compared above went through both paths of a window's inner steps.
+
+    Inner steps run on the device (vllm/v1/worker/multi_step_device.py) unless
+    the batch needs what that loop does not cover; the Llama engine's bad-words
+    case (and the fuzz slice's batches with bad_words, run on the same engine)
+    takes the step-by-step path, whose unchanged batches run as lean steps
+    (multi_step_lean.py). The worker counts windows per path and logs the counts
+    at 1, 2, 4, ... windows, and each step-by-step reason when first seen, so
+    the parity of these runs with upstream is the parity of both paths.
     """
-    ours = parity_run("overlay", engine, async_mode, 8)
-    assert "run as lean steps" in ours["engine_log"]
-    assert "not covered by the lean inner step" not in ours["engine_log"]
+    log = parity_run("overlay", engine, async_mode, steps)["engine_log"]
+    counts = [tuple(map(int, m)) for m in WINDOW_PATHS.findall(log)]
+    total, on_device, step_by_step = counts[-1]
+    assert on_device >= 0.5 * total, counts
+    if engine == "llama":  # the engine with bad-words cases
+        assert step_by_step > 0, counts
+        assert "not covered on the device: bad_words" in log
+        assert "run as lean steps" in log
+    assert "not covered by the lean inner step" not in log
 
 
 def test_structured_output_runs_one_step_per_schedule(parity_run):
@@ -102,6 +116,10 @@ print("RESULT" + json.dumps({
     "disagree": resolve(num_scheduler_steps=2, additional_config={"multi_step": 4}),
     "zero": resolve(num_scheduler_steps=0),
     "alias_bad": resolve(additional_config={"multi_step": "eight"}),
+    "device_off": resolve(num_scheduler_steps=4, additional_config={"multi_step_device_window": False}),
+    "device_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_device_window": "no"}),
+    "interval": resolve(num_scheduler_steps=4, additional_config={"multi_step_stop_check_interval": 4}),
+    "interval_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_stop_check_interval": 0}),
     "ngram": resolve(num_scheduler_steps=4, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
                                                                 "prompt_lookup_max": 2}),
     "ngram_single": resolve(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
@@ -127,6 +145,10 @@ def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
     assert "disagree" in got["disagree"]["error"]
     assert "num_scheduler_steps" in got["zero"]["error"] and "greater than or equal to 1" in got["zero"]["error"]
     assert "must be an integer" in got["alias_bad"]["error"]
+    # The device window's switches (additional_config), checked at startup with the key named
+    assert got["device_off"]["steps"] == 4 and got["interval"]["steps"] == 4
+    assert "multi_step_device_window'] must be true or false" in got["device_bad"]["error"]
+    assert "multi_step_stop_check_interval'] must be an integer >= 1" in got["interval_bad"]["error"]
     # Drafts inside windows (patches 0005-0006): ngram and draft models, with async scheduling off
     assert got["ngram"] == {"steps": 4, "async": False}
     # single steps: async on by default on CPU (patch 0003), off where ngram drafts need it off

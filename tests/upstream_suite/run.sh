@@ -35,11 +35,12 @@ FILES=(
   tests/distributed/test_shm_broadcast.py
   tests/distributed/test_shm_wakeup.py
   tests/v1/worker/test_multi_step_merge.py
+  tests/v1/worker/test_multi_step_device.py
   tests/v1/sample/test_cpu_spec_sampling.py
   tests/v1/worker/test_async_output_token_ids.py
 )
 # passes on upstream 0.32.0 CPU with this script (informational unless STRICT_COUNTS=1);
-# test_multi_step_scheduler.py, test_multi_step_spec.py, test_multi_step_merge.py,
+# test_multi_step_scheduler.py, test_multi_step_spec.py, test_multi_step_merge.py, test_multi_step_device.py,
 # test_shm_wakeup.py, test_cpu_spec_sampling.py and test_async_output_token_ids.py are the overlay's
 # own (src/tests/), in upstream's style. test_prefix_caching.py (173) is not run: no patch
 # touches the KV cache manager or block pool it tests (docs/testing.md#suite-time)
@@ -52,6 +53,7 @@ declare -A EXPECT=(
   [tests/v1/core/test_multi_step_scheduler.py]=39
   [tests/v1/core/test_multi_step_spec.py]=11
   [tests/v1/worker/test_multi_step_merge.py]=2
+  [tests/v1/worker/test_multi_step_device.py]=4
   [tests/v1/sample/test_cpu_spec_sampling.py]=6
   [tests/v1/worker/test_async_output_token_ids.py]=2
   [tests/distributed/test_shm_broadcast.py]=58

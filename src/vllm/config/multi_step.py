@@ -19,6 +19,16 @@ logger = init_logger(__name__)
 
 # The spelling of the option in the V1 multi-step proposal, kept as an alias.
 ADDITIONAL_CONFIG_KEY = "multi_step"
+# Inner steps on the device (vllm/v1/worker/multi_step_device.py): on unless
+# this additional_config key is false (then every window runs step by step).
+DEVICE_WINDOW_KEY = "multi_step_device_window"
+# How many inner steps the device loop runs between looks at its alive mask.
+# On a CPU a look reads a host tensor (no sync: a few microseconds a step, so
+# every step); on an accelerator it is a host sync, so every 8 steps, the
+# interval tpu-inference uses (not measured here: no accelerator was lent).
+STOP_CHECK_KEY = "multi_step_stop_check_interval"
+DEFAULT_STOP_CHECK_INTERVAL = {"cpu": 1}
+DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR = 8
 # Drafters whose inner-step drafts the window can feed back exactly
 # (vllm/v1/worker/multi_step_spec.py); the others are untested in windows.
 # EAGLE heads and MTP layers share one proposer; EAGLE-3 (auxiliary hidden
@@ -37,6 +47,35 @@ def _steps_from_additional_config(vllm_config: "VllmConfig") -> int | None:
             f">= 1 (the number of decode steps per scheduler call), got {value!r}."
         )
     return value
+
+
+def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
+    """Whether inner steps may run on the device, and the stop-check interval.
+
+    Raises ValueError naming the key for a value of the wrong type.
+    """
+    additional = vllm_config.additional_config
+    if not isinstance(additional, dict):
+        additional = {}
+    enabled = additional.get(DEVICE_WINDOW_KEY, True)
+    if not isinstance(enabled, bool):
+        raise ValueError(
+            f"additional_config['{DEVICE_WINDOW_KEY}'] must be true or false, "
+            f"got {enabled!r}."
+        )
+    device_type = vllm_config.device_config.device_type
+    interval = additional.get(
+        STOP_CHECK_KEY,
+        DEFAULT_STOP_CHECK_INTERVAL.get(
+            device_type, DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR
+        ),
+    )
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ValueError(
+            f"additional_config['{STOP_CHECK_KEY}'] must be an integer >= 1 (inner "
+            f"steps between checks for a window's end), got {interval!r}."
+        )
+    return enabled, interval
 
 
 def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
@@ -96,6 +135,7 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
     steps = scheduler_config.num_scheduler_steps
     if steps == 1:
         return
+    device_window, stop_check_interval = device_window_options(vllm_config)
     reasons = _unsupported_reasons(vllm_config)
     if reasons:
         raise ValueError(
@@ -113,7 +153,10 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
         scheduler_config.async_scheduling = False
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call "
-        "(async scheduling %s).",
+        "(async scheduling %s; inner steps on the device %s).",
         steps,
         "on" if scheduler_config.async_scheduling else "off",
+        f"where the batch allows, stop check every {stop_check_interval}"
+        if device_window
+        else "off",
     )

@@ -22,13 +22,17 @@ The steps' outputs are merged into one ModelRunnerOutput with up to n tokens
 (and logprob rows) per request.
 """
 
+from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from vllm.config.multi_step import device_window_options
+from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+from vllm.v1.worker.multi_step_device import DeviceWindow, resolve_output
 from vllm.v1.worker.multi_step_lean import LeanDecodeStep
 
 if TYPE_CHECKING:
@@ -36,6 +40,10 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import GrammarOutput
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
+
+logger = init_logger(__name__)
+# The path a window's inner steps took, counted and logged at these totals.
+DEVICE_PATH = "device"
 
 
 class _ReadyOutput(AsyncModelRunnerOutput):
@@ -48,17 +56,26 @@ class _ReadyOutput(AsyncModelRunnerOutput):
         return self.output
 
 
-def resolve_output(
-    output: ModelRunnerOutput | AsyncModelRunnerOutput,
-) -> ModelRunnerOutput:
-    if isinstance(output, AsyncModelRunnerOutput):
-        return output.get_output()
-    return output
+def _returned_like(
+    first: ModelRunnerOutput | AsyncModelRunnerOutput, merged: ModelRunnerOutput
+) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+    """The window's output in the wrapper its first step came in."""
+    if isinstance(first, AsyncModelRunnerOutput):
+        return _ReadyOutput(merged)
+    return merged
 
 
 class DecodeWindowRunner:
-    def __init__(self, worker: "WorkerBase") -> None:
+    def __init__(self, worker: "WorkerBase", vllm_config: "VllmConfig") -> None:
         self.worker = worker
+        # Inner steps on the device (multi_step_device.py) where a window's
+        # batch allows, and how often that loop looks for an early end.
+        self._device_enabled, self._stop_check_interval = device_window_options(
+            vllm_config
+        )
+        self._device_window: DeviceWindow | None = None
+        # Windows per path: DEVICE_PATH, or the reason they ran step by step.
+        self.paths: Counter[str] = Counter()
         # The window whose first step is executing, until it is sampled.
         self._window: SchedulerOutput | None = None
         self._first_step_req_ids: list[str] = []
@@ -75,7 +92,7 @@ class DecodeWindowRunner:
     ) -> "DecodeWindowRunner | None":
         if vllm_config.scheduler_config.num_scheduler_steps == 1:
             return None
-        return cls(worker)
+        return cls(worker, vllm_config)
 
     @property
     def runner(self) -> "GPUModelRunner":
@@ -87,6 +104,41 @@ class DecodeWindowRunner:
         if self._lean_step is None:
             self._lean_step = LeanDecodeStep(self.runner)
         return self._lean_step
+
+    @property
+    def _device(self) -> DeviceWindow | None:
+        if self._device_window is None and self._device_enabled:
+            self._device_window = DeviceWindow(
+                self.runner, self._lean, self._stop_check_interval
+            )
+        return self._device_window
+
+    def _count_path(self, path: str) -> None:
+        """Count a window's path; log the counts at 1, 2, 4, 8, ... windows,
+        and each reason for the step-by-step path the first time it occurs."""
+        if path != DEVICE_PATH and path not in self.paths:
+            logger.info(
+                "Multi-step decode: a window's inner steps run step by step "
+                "(not covered on the device: %s).",
+                path,
+            )
+        self.paths[path] += 1
+        total = self.paths.total()
+        if total & (total - 1) == 0:
+            step_by_step = total - self.paths[DEVICE_PATH]
+            reasons = ", ".join(
+                f"{reason}: {count}"
+                for reason, count in sorted(self.paths.items())
+                if reason != DEVICE_PATH
+            )
+            logger.info(
+                "Multi-step decode windows: %d, inner steps on the device in "
+                "%d, step by step in %d%s.",
+                total,
+                self.paths[DEVICE_PATH],
+                step_by_step,
+                f" ({reasons})" if reasons else "",
+            )
 
     def first_step(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
         """What the runner executes first: a window's step 1, or the step as is.
@@ -140,18 +192,29 @@ class DecodeWindowRunner:
             return replace(
                 merge_step_outputs(steps), multi_step_spec_counts=spec_counts
             )
-        steps = [resolve_output(first)]
         cached = window.scheduled_cached_reqs
         start = dict(zip(cached.req_ids, cached.num_computed_tokens))
-        steps_left = {
-            req_id: window.num_scheduled_tokens[req_id]
-            for req_id in self._first_step_req_ids
-        }
+        req_ids = self._first_step_req_ids
+        if not req_ids:
+            # Every request of the window had finished (async scheduling
+            # planned it before the scheduler knew): step 1 ran nothing.
+            return first
         longest = max(window.num_scheduled_tokens.values())
         cut = {r for r, n in window.num_scheduled_tokens.items() if n < longest}
-        stops = {
-            r: stop_token_ids(runner.requests[r].sampling_params) for r in steps_left
-        }
+        stops = {r: stop_token_ids(runner.requests[r].sampling_params) for r in req_ids}
+        device = self._device
+        path = device.uncovered(req_ids) if device is not None else "turned off"
+        self._count_path(path or DEVICE_PATH)
+        if device is not None and path is None:
+            self._lean.start_window()
+            inner_step = follow_up_step(
+                runner.requests, {r: start[r] + 1 for r in req_ids}
+            )
+            result = device.run(window, inner_step, first, cut, stops)
+            self._done |= result.finished
+            return _returned_like(first, result.output)
+        steps = [resolve_output(first)]
+        steps_left = {r: window.num_scheduled_tokens[r] for r in req_ids}
         self._leave_window(steps[-1], steps_left, cut, stops)
         self._lean.start_window()
         step = 1
@@ -163,10 +226,7 @@ class DecodeWindowRunner:
             steps.append(resolve_output(runner.sample_tokens(None)))
             self._leave_window(steps[-1], steps_left, cut, stops)
             step += 1
-        merged = merge_step_outputs(steps)
-        if isinstance(first, AsyncModelRunnerOutput):
-            return _ReadyOutput(merged)
-        return merged
+        return _returned_like(first, merge_step_outputs(steps))
 
     def _leave_window(
         self,

@@ -137,12 +137,48 @@ class LeanDecodeStep:
         # Every row advances one position per step, so one request's position
         # says how far into the shape's run of lean steps this step is.
         position = cached.num_computed_tokens[0]
+        shape = self.shape(position)
+        shape.write_slot_mappings(position - shape.first_position)
+        hidden_states, logits = self.forward(scheduler_output, shape)
+        sample_hidden_states = hidden_states[:num_reqs]
+        # By keyword: contract.toml lists the fields, so a new one is reported.
+        runner.execute_model_state = ExecuteModelState(
+            scheduler_output=scheduler_output,
+            logits=logits,
+            spec_decode_metadata=None,
+            spec_decode_common_attn_metadata=None,
+            hidden_states=hidden_states,
+            sample_hidden_states=sample_hidden_states,
+            aux_hidden_states=None,
+            ec_connector_output=None,
+            cudagraph_stats=shape.cudagraph_stats,
+            slot_mappings=shape.slot_mappings,
+        )
+        runner.kv_connector_output = None
+
+    def shape(self, first_position: int) -> "_StepShape":
+        """The step shape for the batch's current rows (kept while they are).
+
+        `first_position` is a request's position at the shape's first step:
+        its slot table starts there.
+        """
+        num_reqs = self.runner.input_batch.num_reqs
         if self._shape is None or self._shape.num_reqs != num_reqs:
             self._shape = _StepShape.of(
-                runner, num_reqs, self._kv_update_outside_forward, position
+                self.runner, num_reqs, self._kv_update_outside_forward, first_position
             )
-        shape = self._shape
-        shape.write_slot_mappings(position)
+        return self._shape
+
+    def forward(
+        self, scheduler_output: SchedulerOutput, shape: "_StepShape"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention metadata, forward and logits for inputs already in the
+        runner's buffers (one token per row; slot mappings written).
+
+        Returns the hidden states and the logits of the batch's rows.
+        """
+        runner = self.runner
+        num_reqs = shape.num_reqs
         attn_metadata, _ = runner._build_attention_metadata(
             num_tokens=num_reqs,
             num_tokens_padded=shape.num_tokens_padded if shape.pad_attn else None,
@@ -175,22 +211,7 @@ class LeanDecodeStep:
                 **model_kwargs,
             )
         # One token per row: the rows to sample are the first num_reqs.
-        sample_hidden_states = hidden_states[:num_reqs]
-        logits = runner.model.compute_logits(sample_hidden_states)
-        # By keyword: contract.toml lists the fields, so a new one is reported.
-        runner.execute_model_state = ExecuteModelState(
-            scheduler_output=scheduler_output,
-            logits=logits,
-            spec_decode_metadata=None,
-            spec_decode_common_attn_metadata=None,
-            hidden_states=hidden_states,
-            sample_hidden_states=sample_hidden_states,
-            aux_hidden_states=None,
-            ec_connector_output=None,
-            cudagraph_stats=shape.cudagraph_stats,
-            slot_mappings=shape.slot_mappings,
-        )
-        runner.kv_connector_output = None
+        return hidden_states, runner.model.compute_logits(hidden_states[:num_reqs])
 
 
 @dataclass
@@ -220,10 +241,13 @@ class _StepShape:
     slots_ahead: list[tuple[torch.Tensor, torch.Tensor]]
     first_position: int
 
-    def write_slot_mappings(self, position: int) -> None:
-        step = position - self.first_position
+    def write_slot_mappings(self, step: int, alive: torch.Tensor | None = None) -> None:
+        """Slots of the shape's `step`-th step; rows not `alive` get none
+        (-1: the KV write skips them)."""
         for slot_mapping, slots in self.slots_ahead:
             slot_mapping.copy_(slots[step])
+            if alive is not None:
+                slot_mapping.masked_fill_(~alive, -1)
 
     @classmethod
     def of(
