@@ -87,12 +87,11 @@ def main(args) -> int:
     pythons = builds.venvs()
     model = builds.build_model(pythons[builds.UPSTREAM], args.model)
     configs = {UPSTREAM: (pythons[builds.UPSTREAM], {})}
-    for n in args.steps:
-        kwargs = {"num_scheduler_steps": n} | ({"async_scheduling": False} if args.no_async else {})
-        configs[config_name(n)] = (pythons[builds.OVERLAY], kwargs)
-    for n in args.step_path:
-        kwargs = {"num_scheduler_steps": n} | STEP_PATH | ({"async_scheduling": False} if args.no_async else {})
-        configs[f"{STEP_PATH_PREFIX}{n}"] = (pythons[builds.OVERLAY], kwargs)
+    overlay = [(config_name(n), n, {}) for n in args.steps]
+    overlay += [(f"{STEP_PATH_PREFIX}{n}", n, STEP_PATH) for n in args.step_path]
+    for name, n, extra in overlay:
+        kwargs = {"num_scheduler_steps": n} | extra | ({"async_scheduling": False} if args.no_async else {})
+        configs[name] = (pythons[builds.OVERLAY], kwargs)
     shape = {"batch": args.batch, "out_len": args.out_len, "reps": args.reps}
     runs: list[dict] = []
     names = list(configs)

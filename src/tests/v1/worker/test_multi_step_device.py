@@ -32,7 +32,7 @@ VOCAB = 32
 def _state(last, budget, min_tokens, num_output, stop_ids, steps):
     s = _WindowState()
     s.last = torch.tensor(last, dtype=torch.int32)
-    s.budget = torch.tensor(budget, dtype=torch.int32)
+    s.budget = np.asarray(budget)
     s._start_tables(budget, min_tokens, num_output, torch.device("cpu"))
     s.stop_ids = torch.tensor(stop_ids, dtype=torch.int32)
     s.positions = torch.tensor([10] * len(last), dtype=torch.int64)

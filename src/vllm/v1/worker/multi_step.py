@@ -32,8 +32,8 @@ from vllm.config.multi_step import device_window_options
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
-from vllm.v1.worker.multi_step_device import DeviceWindow, resolve_output
-from vllm.v1.worker.multi_step_lean import LeanDecodeStep
+from vllm.v1.worker.multi_step_device import DeviceWindow
+from vllm.v1.worker.multi_step_lean import LeanDecodeStep, resolve_output
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from vllm.v1.worker.worker_base import WorkerBase
 
 logger = init_logger(__name__)
-# The path a window's inner steps took, counted and logged at these totals.
+# The key of DecodeWindowRunner.paths for windows whose inner steps ran on the
+# device; the other keys are the reasons a window ran step by step.
 DEVICE_PATH = "device"
 
 

@@ -55,6 +55,7 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
+from vllm.v1.worker.multi_step_lean import last_sampled, resolve_output
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -65,14 +66,6 @@ if TYPE_CHECKING:
 # Logits processors whose state depends only on the batch's requests, not on
 # the tokens they generate, so the window applies them as they are.
 _CONSTANT_PROCESSORS = (LogitBiasLogitsProcessor, MinPLogitsProcessor)
-
-
-def resolve_output(
-    output: ModelRunnerOutput | AsyncModelRunnerOutput,
-) -> ModelRunnerOutput:
-    if isinstance(output, AsyncModelRunnerOutput):
-        return output.get_output()
-    return output
 
 
 @dataclass
@@ -194,7 +187,7 @@ class _WindowState:
 
     def __init__(self) -> None:
         self.num_steps = 0
-        self.budget: torch.Tensor
+        self.budget: np.ndarray  # [rows] planned steps (host: the scheduler's)
         self.last: torch.Tensor  # [rows] int32: the next step's input ids
         self.positions: torch.Tensor  # [rows] int64
         self.alive: torch.Tensor  # [rows] bool
@@ -226,7 +219,7 @@ class _WindowState:
         num_reqs = len(req_ids)
         budget = [window.num_scheduled_tokens[r] for r in req_ids]
         s.num_steps = max(budget)
-        s.budget = async_tensor_h2d(budget, device, torch.int32)
+        s.budget = np.asarray(budget)
         params = [runner.requests[r].sampling_params for r in req_ids]
         min_tokens = [p.min_tokens if p is not None else 0 for p in params]
         num_output = [len(runner.requests[r].output_token_ids) for r in req_ids]
@@ -242,7 +235,7 @@ class _WindowState:
         start = np.array([computed[r] + 1 for r in req_ids], dtype=np.int64)
         s.upper_positions = start
         s.positions = async_tensor_h2d(start, device, torch.int64)
-        s.last = _step_one_tokens(runner, first_step, req_ids)
+        s.last = last_sampled(runner, first_step)
         s.stopped = s._stops(0, s.last)
         s.alive = ~s.stopped & s.goes_on[0]
         steps = s.num_steps - 1
@@ -340,7 +333,7 @@ class _WindowState:
             valid=valid,
             stopped=self.stopped.cpu().numpy(),
             num_tokens=1 + valid.sum(axis=0),
-            budget=self.budget.cpu().numpy(),
+            budget=self.budget,
             last_positions=self.positions.cpu().numpy(),
         )
 
@@ -430,21 +423,6 @@ def _window_sampling_metadata(
     if not meta.no_penalties:
         procs.non_argmax_invariant.append(_Penalties(meta, state))
     return replace(meta, no_penalties=True, logitsprocs=procs, output_token_ids=[])
-
-
-def _step_one_tokens(
-    runner: "GPUModelRunner",
-    first_step: ModelRunnerOutput | AsyncModelRunnerOutput,
-    req_ids: list[str],
-) -> torch.Tensor:
-    batch = runner.input_batch
-    if batch.prev_sampled_token_ids is not None:
-        # Async scheduling: still on the device, rows in batch order.
-        return batch.prev_sampled_token_ids[: len(req_ids), 0].clone()
-    first = resolve_output(first_step)  # synchronous: already on the host
-    index = first.req_id_to_index
-    tokens = [first.sampled_token_ids[index[r]][-1] for r in req_ids]
-    return async_tensor_h2d(tokens, runner.device, torch.int32)
 
 
 def _inner_tokens(inner: _HostResults, row: int) -> list[int]:

@@ -36,7 +36,9 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
 from vllm.logger import init_logger
+from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.block_table import SlotMappingMode
 from vllm.v1.worker.gpu_model_runner import ExecuteModelState
 
@@ -117,7 +119,7 @@ class LeanDecodeStep:
         batch = runner.input_batch
         num_reqs = batch.num_reqs
         cached = scheduler_output.scheduled_cached_reqs
-        last_tokens = _last_sampled(runner, previous)
+        last_tokens = last_sampled(runner, previous)
 
         row = batch.req_id_to_index
         for req_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens):
@@ -305,16 +307,31 @@ class _StepShape:
         )
 
 
-def _last_sampled(
-    runner: "GPUModelRunner", previous: "ModelRunnerOutput"
+def resolve_output(
+    output: "ModelRunnerOutput | AsyncModelRunnerOutput",
+) -> "ModelRunnerOutput":
+    if isinstance(output, AsyncModelRunnerOutput):
+        return output.get_output()
+    return output
+
+
+def last_sampled(
+    runner: "GPUModelRunner",
+    previous: "ModelRunnerOutput | AsyncModelRunnerOutput",
 ) -> torch.Tensor:
+    """The previous step's sampled token per row of the batch, on the device.
+
+    Under async scheduling they are still on the device and `previous` is
+    not read (reading it would wait for its copy to the host).
+    """
     batch = runner.input_batch
     if batch.prev_sampled_token_ids is not None:
-        # Async scheduling: still on the device, rows in batch order.
+        # Async scheduling: rows in batch order.
         return batch.prev_sampled_token_ids[: batch.num_reqs, 0]
-    index = previous.req_id_to_index
-    tokens = [previous.sampled_token_ids[index[r]][-1] for r in batch.req_ids]
-    return torch.tensor(tokens, dtype=torch.int32)
+    output = resolve_output(previous)  # synchronous: already on the host
+    index = output.req_id_to_index
+    tokens = [output.sampled_token_ids[index[r]][-1] for r in batch.req_ids]
+    return async_tensor_h2d(tokens, runner.device, torch.int32)
 
 
 def _slots_ahead(
