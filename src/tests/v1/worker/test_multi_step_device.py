@@ -18,6 +18,7 @@ from vllm.model_executor.layers.utils import apply_penalties
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm.v1.worker.multi_step_device import (
+    _Arrays,
     _HostResults,
     _merged_logprobs,
     _MinTokensMask,
@@ -29,26 +30,34 @@ pytestmark = pytest.mark.cpu_test
 VOCAB = 32
 
 
-def _state(last, budget, min_tokens, num_output, stop_ids, steps):
-    s = _WindowState()
-    s.last = torch.tensor(last, dtype=torch.int32)
-    s.budget = np.asarray(budget)
-    s._start_tables(budget, min_tokens, num_output, torch.device("cpu"))
-    s.stop_ids = torch.tensor(stop_ids, dtype=torch.int32)
-    s.positions = torch.tensor([10] * len(last), dtype=torch.int64)
-    s.stopped = s._stops(0, s.last)
-    s.alive = ~s.stopped & s.goes_on[0]
-    s.tokens = torch.zeros((steps, len(last)), dtype=torch.int32)
-    s.valid = torch.zeros((steps, len(last)), dtype=torch.bool)
-    return s
+def _arrays(on_host: bool) -> _Arrays:
+    # Both kinds run on a CPU: the tensors path is what other devices take.
+    return _Arrays(torch.device("cpu"), on_host=on_host)
 
 
-def test_penalties_over_the_device_history_equal_upstreams():
+def _state(arrays, last, budget, min_tokens, num_output, stop_ids):
+    return _WindowState(
+        arrays,
+        last=torch.tensor(last, dtype=torch.int32),
+        positions=arrays.zeros((len(last),), torch.int64),
+        start_positions=[10] * len(last),
+        budget=budget,
+        min_tokens=min_tokens,
+        num_output=num_output,
+        stop_ids=stop_ids,
+    )
+
+
+KINDS = pytest.mark.parametrize("on_host", [True, False], ids=["numpy", "torch"])
+
+
+@KINDS
+def test_penalties_over_the_device_history_equal_upstreams(on_host):
     torch.manual_seed(0)
     # Row 0's step-1 token is still an async placeholder in the lists.
     lists = [[3, 5, -1], [7], [1, 1, 2, 9]]
-    s = _state([4, 7, 9], [4, 4, 4], [0, 0, 0], [3, 1, 4], [[-1]] * 3, steps=3)
-    s._start_history(lists, steps=3, vocab_size=VOCAB)
+    s = _state(_arrays(on_host), [4, 7, 9], [4, 4, 4], [0, 0, 0], [3, 1, 4], [[]] * 3)
+    s.start_history(lists, vocab_size=VOCAB)
     sampled = [torch.tensor(t, dtype=torch.int32) for t in ([5, 5, 0], [6, 7, 0])]
     truth = [[3, 5, 4], [7], [1, 1, 2, 9]]
     prompt = torch.tensor([[1, 2, VOCAB], [3, VOCAB, VOCAB], [4, 4, 4]])
@@ -80,10 +89,11 @@ def test_min_tokens_masks_while_a_row_is_short():
     assert masked == [[[0, 2], [0, 3], [1, 2]], [[0, 2], [0, 3]], []]
 
 
-def test_rows_stop_at_stop_tokens_after_min_tokens_and_at_their_budget():
+@KINDS
+def test_rows_stop_at_stop_tokens_after_min_tokens_and_at_their_budget(on_host):
     # Row 0: stop token 9 at step 1 but min_tokens 3 (has 1 output): goes on.
     # Row 1: budget 2 (a cut window). Row 2: samples 9 at inner step 2.
-    s = _state([9, 4, 4], [5, 2, 5], [3, 0, 0], [1, 1, 1], [[9], [9], [9]], steps=4)
+    s = _state(_arrays(on_host), [9, 4, 4], [5, 2, 5], [3, 0, 0], [1, 1, 1], [[9]] * 3)
     assert s.alive.tolist() == [True, True, True]
     s.advance(1, torch.tensor([9, 5, 6], dtype=torch.int32))  # row 0: 2 outputs < 3
     assert s.alive.tolist() == [True, False, True]
@@ -92,7 +102,10 @@ def test_rows_stop_at_stop_tokens_after_min_tokens_and_at_their_budget():
     assert s.stopped.tolist() == [True, False, True]
     # Rows freeze at the position of their last step (no KV slot after it).
     assert s.positions.tolist() == [11, 10, 11]
-    assert s.valid[:2].tolist() == [[True, True, True], [True, False, True]]
+    inner = s.host_results(num_steps=3)
+    assert inner.valid.tolist() == [[True, True, True], [True, False, True]]
+    assert inner.tokens.tolist() == [[9, 5, 6], [9, 5, 9]]
+    assert inner.num_tokens.tolist() == [3, 2, 3]
 
 
 def test_merged_logprob_rows_are_request_major_in_step_order():
