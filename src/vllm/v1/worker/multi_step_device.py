@@ -203,9 +203,6 @@ class _Arrays:
     def view(self, tensor: torch.Tensor):
         return tensor.numpy() if self.on_host else tensor
 
-    def tensor(self, array) -> torch.Tensor:
-        return torch.from_numpy(array) if self.on_host else array
-
     def from_host(self, data, dtype: torch.dtype):
         """A new device array holding `data` (a copy, never an alias)."""
         host = torch.as_tensor(np.asarray(data)).to(dtype)
@@ -240,16 +237,15 @@ class _StepInputs:
         self.seq_lens = arrays.view(runner.seq_lens[:num_reqs])
         # A host tensor on every device: max_seq_len and the upper bound.
         self.seq_lens_host = runner.optimistic_seq_lens_cpu[:num_reqs].numpy()
-        # On a CPU it is the exact seq lens; elsewhere the host cannot know
-        # which rows stopped without a sync, so it holds bounds (a stopped
-        # row is frozen below them).
-        self.exact_host = arrays.on_host
 
     def write(self, state: "_WindowState") -> None:
         """The next step's input ids and seq lens, from `state`."""
         self.input_ids[...] = state.arrays.view(state.last)
         self.seq_lens[...] = state.positions + 1
-        if self.exact_host:
+        # On a CPU the host copy is the exact seq lens; elsewhere the host
+        # cannot know which rows stopped without a sync, so it holds bounds
+        # (a stopped row is frozen below them).
+        if state.arrays.on_host:
             self.seq_lens_host[...] = self.seq_lens
         else:
             self.seq_lens_host[...] = state.upper_positions + 1
