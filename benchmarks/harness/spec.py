@@ -3,7 +3,8 @@
 Configurations (each `vllm.LLM` in its own process, never two at once, order
 alternating per round), on the tiny model, BATCH prompts decoding OUT_LEN
 greedy tokens: upstream without drafts; upstream with drafts (spec alone);
-the overlay with drafts and --num-scheduler-steps N. Reports median output
+the overlay with drafts and --num-scheduler-steps N (async scheduling on, where vLLM
+allows it; --sync N also runs it off). Reports median output
 tokens/s, ratios to upstream and to spec alone, and the acceptance length
 (tokens per verified step: 1 + accepted drafts / drafting steps).
 Drafters: the target as its own draft model ("self", every draft accepted), a
@@ -65,6 +66,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--drafter", choices=DRAFTERS, default="self")
     ap.add_argument("--k", type=int, default=3, help="drafts per step")
     ap.add_argument("--steps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--sync", type=int, nargs="*", default=[], metavar="N",
+                    help="also the overlay at these N with async scheduling off")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--out-len", type=int, default=256)
@@ -80,20 +83,23 @@ def main(args) -> int:
     configs = {UPSTREAM: (pythons[builds.UPSTREAM], {}), SPEC_ALONE: (pythons[builds.UPSTREAM], spec)}
     for n in args.steps:
         configs[f"overlay spec N={n}"] = (pythons[builds.OVERLAY], {**spec, "num_scheduler_steps": n})
+    for n in args.sync:
+        configs[f"overlay spec N={n} sync"] = (
+            pythons[builds.OVERLAY], {**spec, "num_scheduler_steps": n, "async_scheduling": False})  # fmt: skip
     runs: list[dict] = []
     for r in range(args.rounds):
         for name in list(configs) if r % 2 == 0 else list(configs)[::-1]:
             python, kwargs = configs[name]
             result = worker.run(python, model, kwargs, batch=args.batch, out_len=args.out_len, reps=args.reps)
             runs.append({"round": r + 1, "config": name, **result})
-            print(f"round {r + 1} {name:18} {result['median']:9.0f} tok/s", flush=True)
+            print(f"round {r + 1} {name:23} {result['median']:9.0f} tok/s", flush=True)
     summary = summarize(runs)
     print(f"\ndrafter={args.drafter} k={args.k} batch={args.batch} out_len={args.out_len} rounds={args.rounds}")
-    print(f"{'config':18} {'tok/s':>9} {'vs upstream':>12} {'vs spec alone':>14} {'accept len':>11}")
+    print(f"{'config':23} {'tok/s':>9} {'vs upstream':>12} {'vs spec alone':>14} {'accept len':>11}")
     for name, value in summary["median_tok_s"].items():
         length = summary["acceptance_length"][name]
         accept = f"{length:.2f}" if length else "-"
-        print(f"{name:18} {value:9.0f} {summary['vs_upstream'][name]:11.2f}x "
+        print(f"{name:23} {value:9.0f} {summary['vs_upstream'][name]:11.2f}x "
               f"{summary['vs_spec_alone'][name]:13.2f}x {accept:>11}")  # fmt: skip
     data = results.make("spec", arguments=results.arguments(args), runs=runs, summary=summary,
                         python=pythons[builds.OVERLAY])  # fmt: skip

@@ -119,6 +119,22 @@ def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
     return reasons
 
 
+def runner_async_scheduling(vllm_config: "VllmConfig") -> bool:
+    """Whether the model runner takes its async path (sampled tokens stay on
+    the device, host history holds placeholders).
+
+    Windows with drafts need each step's accepted tokens on the host. Under
+    async scheduling the engine still plans step t+1 while step t runs, but
+    the runner keeps its synchronous path, and the worker corrects what the
+    scheduler planned optimistically (vllm/v1/worker/multi_step_spec.py).
+    """
+    scheduler_config = vllm_config.scheduler_config
+    return bool(scheduler_config.async_scheduling) and not (
+        scheduler_config.num_scheduler_steps > 1
+        and vllm_config.speculative_config is not None
+    )
+
+
 def resolve_multi_step(vllm_config: "VllmConfig") -> None:
     """Apply the additional_config alias, then refuse unsupported combinations."""
     scheduler_config = vllm_config.scheduler_config
@@ -143,14 +159,6 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             + "; ".join(reasons)
             + ". Use --num-scheduler-steps 1 for these."
         )
-    if vllm_config.speculative_config is not None and scheduler_config.async_scheduling:
-        # Each inner step's drafts are placed after the previous step's
-        # accepted tokens, which only the host-side bookkeeping knows.
-        logger.warning(
-            "Multi-step decode with speculative decoding runs with async "
-            "scheduling off."
-        )
-        scheduler_config.async_scheduling = False
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call "
         "(async scheduling %s; inner steps on the device %s).",

@@ -261,3 +261,101 @@ def test_next_inner_step_carries_the_new_drafts_from_the_new_start():
     assert spec._next_drafts(steps_left, num_computed, {"a": 105, "b": 104})["a"] == [
         31
     ]
+
+
+# --- Async scheduling: windows planned before the last one's output ----------
+
+
+def test_async_windows_settle_to_the_generated_tokens():
+    """Window 2 is planned while window 1 runs, as if window 1 had used all its
+    positions (16), with placeholder drafts. Window 1 generates 6 tokens and
+    window 2 5: the counters must end one position per generated token, with
+    no placeholder left."""
+    scheduler = _scheduler(4, async_scheduling=True)
+    (req,) = _decoding(scheduler, num_requests=1)
+    start = req.num_computed_tokens
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {req.request_id: 16}
+    assert req.num_output_placeholders == 16  # the most window 1 can produce
+
+    second = scheduler.schedule()  # window 1 still in flight
+    assert second.multi_step_window == 4
+    assert second.num_scheduled_tokens == {req.request_id: 16}
+    assert second.scheduled_spec_decode_tokens[req.request_id] == [-1] * K
+
+    first_counts = {req.request_id: [(3, 1), (3, 0), (3, 0), (3, 0)]}
+    first_tokens = {req.request_id: [11, 12, 13, 14, 15, 16]}
+    scheduler.update_from_output(first, _output(first, first_tokens, first_counts))
+    second_counts = {req.request_id: [(3, 0), (3, 0), (3, 0), (3, 1)]}
+    second_tokens = {req.request_id: [21, 22, 23, 24, 25]}
+    scheduler.update_from_output(second, _output(second, second_tokens, second_counts))
+
+    assert req.num_computed_tokens == start + 11 == req.num_tokens - 1
+    assert req.num_output_placeholders == 0
+
+
+class _State:
+    def __init__(self, num_prompt: int, num_outputs: int) -> None:
+        self.output_token_ids = [TOKEN] * num_outputs
+        self.num_tokens = num_prompt + num_outputs
+
+
+class _AsyncRunner:
+    """a and b decode (b absent from the last step: no drafts for it), c is
+    part-way through its prompt, d was preempted and resumes."""
+
+    def __init__(self) -> None:
+        self.requests = {
+            "a": _State(10, 6),
+            "b": _State(10, 3),
+            "c": _State(40, 0),
+            "d": _State(10, 8),
+        }
+
+    def take_draft_token_ids(self) -> DraftTokenIds:
+        return DraftTokenIds(["a", "c"], [[31, 32, 33], [0, 0, 0]])
+
+
+def _planned(num_scheduled: dict[str, int], window: int) -> SchedulerOutput:
+    """What the async scheduler sent: optimistic starts, placeholder drafts."""
+    planned = follow_up_step(_AsyncRunner().requests, dict.fromkeys("abcd", 0))
+    cached = planned.scheduled_cached_reqs
+    cached.num_computed_tokens = [19, 15, 16, 0]
+    cached.num_output_tokens = [2, 2, 0, 8]
+    cached.resumed_req_ids = {"d"}
+    planned.num_scheduled_tokens = num_scheduled
+    planned.total_num_scheduled_tokens = sum(num_scheduled.values())
+    planned.scheduled_spec_decode_tokens = {"a": [-1] * K, "b": [-1] * K}
+    planned.multi_step_window = window
+    return planned
+
+
+def test_optimistic_step_starts_at_the_last_sampled_token():
+    spec = SpecDecodeWindow(_AsyncRunner())
+    planned = _planned({"a": 1 + K, "b": 1 + K, "c": 16, "d": 18}, window=0)
+
+    step = spec.correct_optimistic_step(planned)
+
+    cached = step.scheduled_cached_reqs
+    # Decoding requests start at their last token; the prompt chunk and the
+    # resumed request keep the scheduler's start (it is exact for them).
+    assert cached.num_computed_tokens == [15, 12, 16, 0]
+    assert cached.num_output_tokens == [6, 3, 0, 8]
+    # a gets the drafts the last step proposed; b was not in it: no drafts,
+    # one token fewer per missing draft.
+    assert step.scheduled_spec_decode_tokens == {"a": [31, 32, 33]}
+    assert step.num_scheduled_tokens == {"a": 1 + K, "b": 1, "c": 16, "d": 18}
+    assert step.total_num_scheduled_tokens == 1 + K + 1 + 16 + 18
+    # The scheduler's own output is left as it planned it.
+    assert planned.scheduled_cached_reqs.num_computed_tokens == [19, 15, 16, 0]
+    assert planned.scheduled_spec_decode_tokens["a"] == [-1] * K
+
+
+def test_optimistic_window_keeps_its_positions():
+    spec = SpecDecodeWindow(_AsyncRunner())
+    planned = _planned({"a": 4 * (1 + K), "b": 4 * (1 + K), "c": 16, "d": 18}, 4)
+
+    step = spec.correct_optimistic_step(planned)
+
+    assert step.num_scheduled_tokens == planned.num_scheduled_tokens
+    assert step.scheduled_spec_decode_tokens == {"a": [31, 32, 33]}

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vllm.config.multi_step import device_window_options
+from vllm.config.multi_step import device_window_options, runner_async_scheduling
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.multi_step_spec import SpecDecodeWindow
     from vllm.v1.worker.worker_base import WorkerBase
 
 logger = init_logger(__name__)
@@ -86,6 +87,12 @@ class DecodeWindowRunner:
         # before the scheduler learns of it; these requests sit it out.
         self._done: set[str] = set()
         self._lean_step: LeanDecodeStep | None = None
+        self._spec_window: SpecDecodeWindow | None = None
+        # With drafts the runner keeps its synchronous path under async
+        # scheduling, and each step the engine planned is corrected first.
+        self._corrects_optimistic_steps = bool(
+            vllm_config.scheduler_config.async_scheduling
+        ) and not runner_async_scheduling(vllm_config)
 
     @classmethod
     def create(
@@ -105,6 +112,15 @@ class DecodeWindowRunner:
         if self._lean_step is None:
             self._lean_step = LeanDecodeStep(self.runner)
         return self._lean_step
+
+    @property
+    def _spec(self) -> "SpecDecodeWindow":
+        if self._spec_window is None:
+            # Imported here: the spec window builds on this module's helpers.
+            from vllm.v1.worker.multi_step_spec import SpecDecodeWindow
+
+            self._spec_window = SpecDecodeWindow(self.runner)
+        return self._spec_window
 
     @property
     def _device(self) -> DeviceWindow | None:
@@ -149,6 +165,8 @@ class DecodeWindowRunner:
         it in its batch (it left its window), so it is dropped from the step.
         The scheduler ignores outputs for finished requests.
         """
+        if self._corrects_optimistic_steps:
+            scheduler_output = self._spec.correct_optimistic_step(scheduler_output)
         self._done -= scheduler_output.finished_req_ids
         self._done -= {r.req_id for r in scheduler_output.scheduled_new_reqs}
         self._done -= scheduler_output.scheduled_cached_reqs.resumed_req_ids
@@ -172,6 +190,9 @@ class DecodeWindowRunner:
             ),
             num_scheduled_tokens=counts,
             total_num_scheduled_tokens=sum(counts.values()),
+            scheduled_spec_decode_tokens={
+                r: d for r, d in spec.items() if r not in dropped
+            },
             multi_step_window=0,
         )
 
@@ -184,12 +205,10 @@ class DecodeWindowRunner:
         if window is None:
             return first
         if self.runner.speculative_config is not None:
-            # Imported here: the spec window builds on this module's helpers.
-            from vllm.v1.worker.multi_step_spec import SpecDecodeWindow
-
-            steps, spec_counts = SpecDecodeWindow(self.runner).run(
+            steps, spec_counts, finished = self._spec.run(
                 window, resolve_output(first), self._first_step_req_ids
             )
+            self._done |= finished
             return replace(
                 merge_step_outputs(steps), multi_step_spec_counts=spec_counts
             )

@@ -15,11 +15,17 @@ step rewrites it before attention reads it (or nothing reads it).
 The scheduler gave each request W steps' worth of positions, W * (1 + k)
 (vllm/v1/core/sched/multi_step.py), so no step ever trims a draft the
 single-step scheduler would keep: the drafts, and so the tokens, are those of
-speculative decoding without windows. Windows with drafts run with async
-scheduling off (each step's drafts follow the previous step's accepted tokens,
-which the host-side bookkeeping records).
+speculative decoding without windows.
+
+Each step's drafts follow the previous step's accepted tokens, which the
+runner's host-side bookkeeping records, so with windows and drafts the runner
+keeps its synchronous path even under async scheduling
+(`runner_async_scheduling`). The engine still plans step t+1 while step t
+runs; `correct_optimistic_step` turns what it planned into what a synchronous
+scheduler would have sent.
 """
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -71,12 +77,62 @@ class SpecDecodeWindow:
     def __init__(self, runner: "GPUModelRunner") -> None:
         self.runner = runner
 
+    def correct_optimistic_step(
+        self, scheduler_output: SchedulerOutput
+    ) -> SchedulerOutput:
+        """The step a synchronous scheduler would have sent.
+
+        The async scheduler plans step t+1 before step t's output reaches it: as
+        if step t had accepted all its drafts (used all its window's positions),
+        with placeholder drafts (-1). Upstream's async runner corrects both on the
+        device; this runner keeps exact host state, so the step is corrected
+        before it runs: a decoding request starts at its last sampled token
+        (every earlier one is computed), with the drafts step t proposed for it.
+        A step's positions stay as planned: their KV slots were allocated from the
+        optimistic start, never before the true one. The scheduler settles its
+        own counters from the outputs, as it does for upstream's async steps.
+        """
+        cached = scheduler_output.scheduled_cached_reqs
+        num_computed = list(cached.num_computed_tokens)
+        num_output = list(cached.num_output_tokens)
+        for i, req_id in enumerate(cached.req_ids):
+            req_state = self.runner.requests.get(req_id)
+            if (
+                req_state is None
+                or req_id in cached.resumed_req_ids
+                or not req_state.output_token_ids
+            ):
+                continue  # a prompt chunk's start is never optimistic
+            num_computed[i] = req_state.num_tokens - 1
+            num_output[i] = len(req_state.output_token_ids)
+        placeholders = scheduler_output.scheduled_spec_decode_tokens
+        by_req = self._proposed_drafts() if placeholders else {}
+        drafts = {
+            r: list(by_req.get(r, ()))[: len(p)]
+            for r, p in placeholders.items()
+            if by_req.get(r)
+        }
+        num_scheduled = dict(scheduler_output.num_scheduled_tokens)
+        if not scheduler_output.multi_step_window:
+            # A request absent from step t has no drafts from it: fewer tokens.
+            for req_id, p in placeholders.items():
+                num_scheduled[req_id] -= len(p) - len(drafts.get(req_id, ()))
+        return replace(
+            scheduler_output,
+            scheduled_cached_reqs=replace(
+                cached, num_computed_tokens=num_computed, num_output_tokens=num_output
+            ),
+            scheduled_spec_decode_tokens=drafts,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+        )
+
     def run(
         self, window: SchedulerOutput, first: ModelRunnerOutput, req_ids: list[str]
-    ) -> tuple[list[ModelRunnerOutput], dict[str, list[tuple[int, int]]]]:
-        """Run the window's later steps: every step's output, and per request
-        each step's (drafts, accepted). `first` is step 1's output (the
-        scheduler's own output, with its drafts)."""
+    ) -> tuple[list[ModelRunnerOutput], dict[str, list[tuple[int, int]]], set[str]]:
+        """Run the window's later steps: every step's output, per request each
+        step's (drafts, accepted), and the requests that finished. `first` is
+        step 1's output (the scheduler's own output, with its drafts)."""
         cached = window.scheduled_cached_reqs
         num_computed = {
             r: c
@@ -92,6 +148,7 @@ class SpecDecodeWindow:
             for r in num_computed
         }
         counts: dict[str, list[tuple[int, int]]] = {r: [] for r in num_computed}
+        finished: set[str] = set()
         steps = [first]
         while True:
             step_counts = advance_requests(
@@ -100,7 +157,7 @@ class SpecDecodeWindow:
             for req_id, (num_drafts, num_accepted) in step_counts.items():
                 if num_drafts:
                     counts[req_id].append((num_drafts, num_accepted))
-            self._leave_window(steps[-1], steps_left, num_computed, end)
+            finished |= self._leave_window(steps[-1], steps_left, num_computed, end)
             if not steps_left:
                 break
             drafts = self._next_drafts(steps_left, num_computed, end)
@@ -112,7 +169,7 @@ class SpecDecodeWindow:
             )
             assert self.runner.execute_model(step) is None, "an inner step must sample"
             steps.append(resolve_output(self.runner.sample_tokens(None)))
-        return steps, {r: c for r, c in counts.items() if c}
+        return steps, {r: c for r, c in counts.items() if c}, finished
 
     def _leave_window(
         self,
@@ -120,21 +177,30 @@ class SpecDecodeWindow:
         steps_left: dict[str, int],
         num_computed: dict[str, int],
         end: dict[str, int],
-    ) -> None:
-        """Drop requests that finished, ran their steps, or have no position left."""
-        requests = self.runner.requests
+    ) -> set[str]:
+        """Drop requests that finished, ran their steps, or have no position
+        left; the ones that finished (a stop token, max_tokens or
+        max_model_len reached)."""
+        finished = set()
         for req_id in list(steps_left):
             steps_left[req_id] -= 1
             tokens = output.sampled_token_ids[output.req_id_to_index[req_id]]
-            params = requests[req_id].sampling_params
+            req_state = self.runner.requests[req_id]
+            params = req_state.sampling_params
             assert params is not None
             if (
-                steps_left[req_id] == 0
-                or not stop_token_ids(params).isdisjoint(tokens)
-                or len(requests[req_id].output_token_ids) >= params.max_tokens
+                not stop_token_ids(params).isdisjoint(tokens)
+                or len(req_state.output_token_ids) >= params.max_tokens
+                or req_state.num_tokens >= self.runner.max_model_len
+            ):
+                finished.add(req_id)
+            if (
+                req_id in finished
+                or steps_left[req_id] == 0
                 or num_computed[req_id] + 1 > end[req_id]
             ):
                 del steps_left[req_id]
+        return finished
 
     def _next_drafts(
         self,
@@ -143,10 +209,7 @@ class SpecDecodeWindow:
         end: dict[str, int],
     ) -> dict[str, list[int]]:
         """The drafts the last step proposed, within each request's positions."""
-        proposed = self.runner.take_draft_token_ids()
-        by_req = (
-            dict(zip(proposed.req_ids, proposed.draft_token_ids)) if proposed else {}
-        )
+        by_req = self._proposed_drafts()
         num_spec_tokens = self.runner.num_spec_tokens
         return {
             r: list(by_req.get(r, ()))[
@@ -154,3 +217,10 @@ class SpecDecodeWindow:
             ]
             for r in steps_left
         }
+
+    def _proposed_drafts(self) -> dict[str, list[int]]:
+        """The drafts the runner's last step proposed, by request."""
+        proposed = self.runner.take_draft_token_ids()
+        if proposed is None:
+            return {}
+        return dict(zip(proposed.req_ids, proposed.draft_token_ids))

@@ -30,6 +30,10 @@ scheduled the worst case, W * (1 + k) positions (capped by max_tokens + k and
 max_model_len), and `settle` brings num_computed_tokens back to what the steps
 really processed minus what they rejected, i.e. the tokens they generated.
 Acceptance is counted per inner step, from the counts the worker reports.
+Under async scheduling a window is planned while the previous one runs, from
+that one's optimistic end (every position used), with placeholder drafts; the
+worker starts it where the previous window's tokens really end
+(vllm/v1/worker/multi_step_spec.py) and `settle` brings the counters back.
 """
 
 from typing import TYPE_CHECKING
@@ -104,7 +108,10 @@ class DecodeWindowPlanner:
         generated fewer than its remaining max_tokens, hence the caps. A
         single step, or a step upstream already trimmed, stays as it is.
         """
-        is_decode = request.num_computed_tokens + 1 == request.num_tokens
+        # Under async scheduling the positions of the step in flight are
+        # counted as computed already, and as placeholders.
+        num_committed = request.num_computed_tokens - request.num_output_placeholders
+        is_decode = num_committed + 1 == request.num_tokens
         if (
             self._window_size == 1
             or not is_decode
@@ -159,11 +166,14 @@ class DecodeWindowPlanner:
         scheduler_output.multi_step_window = self._window_size
         if not self.async_scheduling:
             return
-        # The async scheduler reserves one placeholder per scheduled request;
-        # a window of n tokens will produce n.
+        # The async scheduler reserves a placeholder per position of a single
+        # step (1 + its drafts); a window of n positions reserves n, the most
+        # tokens it can produce (settle gives back what it did not produce).
         requests = self.scheduler.requests
+        drafts = scheduler_output.scheduled_spec_decode_tokens
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-            requests[req_id].num_output_placeholders += num_tokens - 1
+            num_single_step = 1 + len(drafts.get(req_id, ()))
+            requests[req_id].num_output_placeholders += num_tokens - num_single_step
 
     def settle(
         self,
@@ -172,6 +182,7 @@ class DecodeWindowPlanner:
         generated_token_ids: list[int],
         spec_counts: list[tuple[int, int]],
         spec_decoding_stats: "SpecDecodingStats | None",
+        is_stale: bool = False,
     ) -> "SpecDecodingStats | None":
         """Give back the positions a window did not keep; count its drafts.
 
@@ -179,9 +190,11 @@ class DecodeWindowPlanner:
         steps it stopped short of are given back; with drafts also each
         step's rejected positions (their KV is rewritten by the next step or
         never read). `spec_counts` holds each inner step's (drafts, accepted).
+        A stale window (its request was preempted after it was planned, under
+        async scheduling) gives nothing back: preemption reset the counters.
         """
         num_unprocessed = num_scheduled - len(generated_token_ids)
-        if num_unprocessed > 0:
+        if num_unprocessed > 0 and not is_stale:
             request.num_computed_tokens -= num_unprocessed
             if self.async_scheduling:
                 request.num_output_placeholders -= num_unprocessed
