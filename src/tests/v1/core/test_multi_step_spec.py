@@ -31,9 +31,9 @@ TOKEN = 1
 K = 3  # drafts per step
 
 
-def _scheduler(num_steps: int, **kwargs):
+def _scheduler(num_steps: int, method: str = "ngram", **kwargs):
     scheduler = create_scheduler(
-        num_speculative_tokens=K, speculative_method="ngram", **kwargs
+        num_speculative_tokens=K, speculative_method=method, **kwargs
     )
     scheduler.scheduler_config.num_scheduler_steps = num_steps
     scheduler.multi_step = DecodeWindowPlanner.create(scheduler)
@@ -271,7 +271,8 @@ def test_async_windows_settle_to_the_generated_tokens():
     positions (16), with placeholder drafts. Window 1 generates 6 tokens and
     window 2 5: the counters must end one position per generated token, with
     no placeholder left."""
-    scheduler = _scheduler(4, async_scheduling=True)
+    # ngram_gpu: a drafter vLLM runs under async scheduling (ngram it does not).
+    scheduler = _scheduler(4, "ngram_gpu", async_scheduling=True)
     (req,) = _decoding(scheduler, num_requests=1)
     start = req.num_computed_tokens
     first = scheduler.schedule()
