@@ -45,6 +45,8 @@ commands, in the order a user meets them:
             --report FILE; `fuzz --help` for the rest)
   rebase    replay the series onto a new upstream release or commit (3-way),
             per-patch status and drift; --continue / --abort after a conflict
+  releases  list the supported vLLM releases (--upstream VERSION picks one for any
+            command); --drop VERSION stops supporting one
   bisect    find the first upstream commit that breaks the series (or a patch,
             or a test command)
 
@@ -60,9 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
     common = _common_options()
-    for add in (_add_build, _add_fetch, _add_check, _add_apply, _add_export, _add_rebase, _add_bisect):
+    for add in (_add_build, _add_fetch, _add_check, _add_apply, _add_export, _add_rebase, _add_releases,
+                _add_bisect):  # fmt: skip
         add(sub, common)
-    sub.add_parser("test", help="run the test suite (arguments after it go to pytest)", add_help=False)
+    sub.add_parser("test", help="run the test suite on every supported release ([--upstream VERSION] and "
+                   "arguments after it go to pytest, on that one release)", add_help=False)  # fmt: skip
     sub.add_parser("fuzz", help="fuzz the overlay against upstream (tests/support/fuzz.py)", add_help=False)
     return p
 
@@ -76,7 +80,16 @@ def _common_options() -> argparse.ArgumentParser:
         default=ROOT / "series",
         help="series file; patches are read from patches/ beside it (default: %(default)s)",
     )
-    common.add_argument("--lock", type=Path, default=None, help="lock file (default: upstream.lock beside the series)")
+    common.add_argument(
+        "--upstream",
+        metavar="VERSION",
+        default=None,
+        help="which supported vLLM release (`apply.py releases` lists them; default: for build and fetch "
+        "the newest with a binary wheel for the target, else the primary release)",
+    )
+    common.add_argument("--lock", type=Path, default=None,
+                        help="a lock file to use instead of the supported releases' (default: upstream.lock "
+                        "beside the series, or releases/VERSION/upstream.lock with --upstream)")  # fmt: skip
     common.add_argument(
         "--cache-dir",
         default=None,
@@ -176,6 +189,10 @@ def _add_rebase(sub, common: argparse.ArgumentParser) -> None:
     to.add_argument("--to-commit", metavar="SHA", help="a commit of --git-url")
     to.add_argument("--continue", dest="resume", action="store_true", help="resume after resolving a stop")
     to.add_argument("--abort", action="store_true", help="drop the rebase and its tree")
+    r.add_argument("--add", action="store_true",
+                   help="keep the current primary release supported beside the new one (its pin and, where its "
+                   "hunks differ, its own patches go to releases/VERSION/); default: the new pin replaces "
+                   "it")  # fmt: skip
     r.add_argument("--git-url", help="repository of --to-commit")
     r.add_argument("--upstream-version", help="version to record for --to-commit (default: from the wheel, "
                    "else the last release tag)")  # fmt: skip
@@ -186,6 +203,17 @@ def _add_rebase(sub, common: argparse.ArgumentParser) -> None:
                    "https://wheels.vllm.ai/<commit>/ (sha256 recorded from the download)")  # fmt: skip
     r.add_argument("--tree", type=Path, default=ROOT / "build" / "rebase", help="rebase tree (default: %(default)s)")
     r.add_argument("--force", action="store_true", help="replace an existing rebase tree that holds no rebase")
+
+
+def _add_releases(sub, common: argparse.ArgumentParser) -> None:
+    r = sub.add_parser(
+        "releases",
+        parents=[common],
+        help="list the supported vLLM releases, or drop one",
+        description="List the supported vLLM releases (the primary, whose hunks patches/ holds, then the "
+        "others under releases/) with their commit, binary wheels and own patches; --drop removes one.",
+    )
+    r.add_argument("--drop", metavar="VERSION", help="stop supporting this release (not the primary)")
 
 
 def _add_bisect(sub, common: argparse.ArgumentParser) -> None:
@@ -236,12 +264,25 @@ def _fail(args, e: OverlayError) -> int:
     return e.exit_code
 
 
-def _load(args):
+def _release(args, target: str | None = None):
+    """The supported release the command works on (overlay/releases.py)."""
+    from overlay import releases
+
+    if args.lock is not None and args.upstream is not None:
+        raise errors.InputError("--lock and --upstream are exclusive: --upstream picks a supported release's lock")
+    project = args.series.resolve().parent
+    if args.lock is not None:
+        lock = lockmod.load(args.lock.resolve())
+        return releases.Release(lock.version, args.lock.resolve(), None)
+    return releases.select(project, args.upstream, target=target)
+
+
+def _load(args, target: str | None = None):
     from overlay.fetch import Cache
 
-    series = seriesmod.load(args.series.resolve())
-    lock = lockmod.load((args.lock or args.series.resolve().parent / "upstream.lock").resolve())
-    return lock, series, Cache.locate(args.cache_dir)
+    release = _release(args, target)
+    series = seriesmod.load(args.series.resolve(), release.own_patches)
+    return release.lock(), series, Cache.locate(args.cache_dir)
 
 
 def cmd_fetch(args) -> int:
@@ -249,9 +290,9 @@ def cmd_fetch(args) -> int:
     from overlay.fetch import fetch_artifact
     from overlay.tree import base_repo
 
-    lock, _series, cache = _load(args)
-    base = base_repo(lock, cache, quiet=args.quiet)
     target = args.target or default_target()
+    lock, _series, cache = _load(args, target=None if target == "all" else target)
+    base = base_repo(lock, cache, quiet=args.quiet)
     targets = list(lock.wheels) if target == "all" else [target]
     wheels = {t: str(fetch_artifact(lock.wheel(t), cache, quiet=args.quiet)) for t in targets}
     if args.json:
@@ -319,7 +360,8 @@ def cmd_apply(args) -> int:
     from overlay.tree import base_repo
 
     lock, series, cache = _load(args)
-    result = make_tree(base_repo(lock, cache, quiet=args.quiet), series, args.tree.resolve(), force=args.force)
+    result = make_tree(base_repo(lock, cache, quiet=args.quiet), series, args.tree.resolve(), force=args.force,
+                       release=lock.version)  # fmt: skip
     if args.json:
         report.emit_json({"ok": True, "tree": str(args.tree), "patches": [r.as_json() for r in result.results]})
     else:
@@ -331,7 +373,8 @@ def cmd_apply(args) -> int:
 def cmd_export(args) -> int:
     from overlay.maintain import export
 
-    changes = export(args.tree.resolve(), args.series.resolve())
+    release = _tree_release(args)
+    changes = export(args.tree.resolve(), args.series.resolve(), release.own_patches)
     if args.json:
         report.emit_json({"ok": True, "patches": [{"patch": n, "change": c} for n, c in changes]})
     else:
@@ -340,11 +383,24 @@ def cmd_export(args) -> int:
     return errors.OK
 
 
+def _tree_release(args):
+    """The release a maintainer tree belongs to: the one `apply` recorded in it, which
+    --upstream, if given, must name."""
+    from overlay.maintain import tree_release
+
+    recorded = tree_release(args.tree.resolve())
+    if args.upstream and recorded and args.upstream != recorded:
+        raise errors.InputError(f"{args.tree} was made for vLLM {recorded}, not {args.upstream}")
+    if args.lock is None and args.upstream is None and recorded is not None:
+        args.upstream = recorded
+    return _release(args)
+
+
 def cmd_build(args) -> int:
     from overlay.build import build, default_target
 
-    lock, series, cache = _load(args)
     target = args.target or default_target()
+    lock, series, cache = _load(args, target=target)
     result = build(lock, series, cache, target, args.dist.resolve(), quiet=args.quiet)
     if args.json:
         report.emit_json({"ok": True, "wheel": str(result.wheel), "version": result.version,
@@ -409,7 +465,7 @@ def _rebase_start(args, tree: Path):
         )  # fmt: skip
     old_base = base_repo(lock, cache, quiet=args.quiet)
     new_base = base_repo(new, cache, quiet=args.quiet)
-    return rebase.start(lock, new, series, old_base, new_base, tree, force=args.force)
+    return rebase.start(lock, new, series, old_base, new_base, tree, force=args.force, add=args.add)
 
 
 def _target_url(spec: str) -> tuple[str, str]:
@@ -438,6 +494,44 @@ def _rebase_summary(result) -> None:
               file=sys.stderr)  # fmt: skip
 
 
+def cmd_releases(args) -> int:
+    from overlay import releases
+
+    project = args.series.resolve().parent
+    if args.drop:
+        gone = releases.drop(project, args.drop)
+        if args.json:
+            report.emit_json({"ok": True, "dropped": gone.version})
+        else:
+            print(f"dropped vLLM {gone.version}: removed {gone.lock_path.parent}")
+        return errors.OK
+    rows = []
+    for r in releases.supported(project):
+        lock = r.lock()
+        own = sorted(p.name for p in r.own_patches.iterdir()) if r.own_patches and r.own_patches.is_dir() else []
+        rows.append(
+            {
+                "version": r.version,
+                "commit": lock.commit,
+                "primary": r.primary,
+                "lock": str(r.lock_path),
+                "wheels": sorted(lock.wheels),
+                "wheels_missing": lock.missing_wheels,
+                "own_patches": own,
+            }
+        )
+    if args.json:
+        report.emit_json({"ok": True, "releases": rows})
+        return errors.OK
+    for row in rows:
+        wheels = ", ".join(row["wheels"]) or "none"
+        role = "primary (patches/)" if row["primary"] else f"{len(row['own_patches'])} patch(es) of its own"
+        print(f"vLLM {row['version']} ({row['commit']}): wheels {wheels}; {role}")
+        for target, why in sorted(row["wheels_missing"].items()):
+            print(f"  no {target} wheel: {why}")
+    return errors.OK
+
+
 def cmd_bisect(args) -> int:
     from overlay.bisect import bisect
 
@@ -454,9 +548,44 @@ def cmd_bisect(args) -> int:
     return errors.OK
 
 
-def _run_tests(pytest_args: list[str]) -> int:
-    cmd = [sys.executable, "-m", "pytest", *pytest_args]
-    return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ)).returncode
+# The real tests' release (tests/support/venvs.py reads it).
+TEST_RELEASE_ENV = "OVERLAY_TEST_UPSTREAM"
+# What runs on each supported release besides the default one (pytest.ini's marker).
+EVERY_RELEASE = "every_release"
+
+
+def _run_tests(args: list[str]) -> int:
+    """`test [--upstream VERSION] [pytest arguments]`.
+
+    With arguments: pytest on one release (--upstream, else the default CPU
+    release). Without: the whole suite on the default release, then the tests
+    marked every_release on each other supported release.
+    """
+    from overlay import releases
+
+    version = None
+    if args[:1] == ["--upstream"] and len(args) > 1:
+        version, args = args[1], args[2:]
+    elif args and args[0].startswith("--upstream="):
+        version, args = args[0].split("=", 1)[1], args[1:]
+    try:
+        default = releases.select(ROOT, target="cpu")
+        runs = [(version or default.version, args)]
+        if version is None and not args:
+            others = [r.version for r in releases.supported(ROOT) if r.version != default.version]
+            runs += [(v, ["-m", EVERY_RELEASE]) for v in others]
+        else:
+            releases.select(ROOT, version)
+    except OverlayError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    worst = 0
+    for v, pytest_args in runs:
+        print(f"== tests on vLLM {v}: pytest {' '.join(pytest_args)}", flush=True)
+        env = {**os.environ, TEST_RELEASE_ENV: v}
+        code = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
+        worst = worst or code
+    return worst
 
 
 def _run_fuzzer(fuzz_args: list[str]) -> int:
@@ -471,5 +600,6 @@ COMMANDS = {
     "export": cmd_export,
     "build": cmd_build,
     "rebase": cmd_rebase,
+    "releases": cmd_releases,
     "bisect": cmd_bisect,
 }

@@ -24,14 +24,17 @@ from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.modules import SRC_DIR, write_modules
 from overlay.patching import SeriesResult, run_series
+from overlay.releases import same_change
 from overlay.series import Series, parse_series_text, write_series
 from overlay.tree import UPSTREAM_TAG, file_mode, read_blob
 
 BRANCH = "patched"
+# In a tree's .git: the supported release it was made for (export writes that release's patches).
+RELEASE_FILE = "overlay-release"
 SERIES_HEADER = "# Patch series, in apply order. Written by `apply.py export`; one file name per line.\n"
 
 
-def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> SeriesResult:
+def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool, release: str = "") -> SeriesResult:
     """Check the series, then create ``tree_dir`` with one commit per patch.
 
     Nothing is written when a patch fails; an existing tree is replaced only
@@ -47,7 +50,15 @@ def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool) -> Ser
     with new_tree(tree_dir, base) as work:
         git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
         am_series(work, series.applied)
+        if release:
+            (work / ".git" / RELEASE_FILE).write_text(release + "\n")
     return result
+
+
+def tree_release(tree_dir: Path) -> str | None:
+    """The supported release ``apply`` made ``tree_dir`` for (None: not recorded)."""
+    path = tree_dir / ".git" / RELEASE_FILE
+    return path.read_text().strip() if path.exists() else None
 
 
 @contextmanager
@@ -74,12 +85,14 @@ def am_series(work: Path, patches) -> None:
         git(work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", env=env, input=patch.data)
 
 
-def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
+def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -> list[tuple[str, str]]:
     """Write ``upstream..HEAD`` of ``tree_dir`` back; return (name, change) per file.
 
     Files the branch adds go to src/ beside ``series_path`` as HEAD has them
     (names ``src/...``); its changes to upstream files become the patches, one
     per commit that has any (a commit that only edits our modules has none).
+    With ``own_patches`` (the tree is of a release other than the primary) the
+    patches go there, and only those whose change differs from the shared file.
     """
     if not (tree_dir / ".git").exists():
         raise InputError(f"{tree_dir} is not a patched tree: run `apply.py apply` first")
@@ -97,6 +110,10 @@ def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
             f"{UPSTREAM_TAG}..HEAD", "--", ".", *outside, env=git_env())  # fmt: skip
         fresh = {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
     names = sorted(fresh)
+    if own_patches is not None:
+        return _export_own(fresh, old, patch_dir, own_patches, series_path) + write_modules(
+            series_path.parent / SRC_DIR, added
+        )
     changes = []
     patch_dir.mkdir(exist_ok=True)
     for name in names:
@@ -114,6 +131,35 @@ def export(tree_dir: Path, series_path: Path) -> list[tuple[str, str]]:
     if not series_path.exists() or series_path.read_text() != new_text:
         write_series(series_path, names, SERIES_HEADER)
     return changes + write_modules(series_path.parent / SRC_DIR, added)
+
+
+def _export_own(
+    fresh: dict[str, bytes], names: list[str], patch_dir: Path, own: Path, series_path: Path
+) -> list[tuple[str, str]]:
+    """A release's own patches: each whose change differs from the shared file; the rest shared."""
+    if sorted(fresh) != sorted(names):
+        raise InputError(
+            f"the tree's patches ({', '.join(sorted(fresh))}) are not those of {series_path} "
+            f"({', '.join(names)}): the series is shared by every release, so patches are added, "
+            "removed or renamed on the primary release's tree"
+        )
+    changes = []
+    for name in names:
+        dest, shared = own / name, patch_dir / name
+        if same_change(shared.read_bytes(), fresh[name]):
+            if dest.exists():
+                dest.unlink()
+                changes.append((f"{own.parent.name}/{name}", "shared"))
+            continue
+        if dest.exists() and dest.read_bytes() == fresh[name]:
+            changes.append((f"{own.parent.name}/{name}", "unchanged"))
+            continue
+        changes.append((f"{own.parent.name}/{name}", "changed" if dest.exists() else "added"))
+        own.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(fresh[name])
+    if own.is_dir() and not any(own.iterdir()):
+        own.rmdir()
+    return changes
 
 
 def _added_files(tree_dir: Path) -> dict[str, tuple[bytes, bool]]:

@@ -2,7 +2,9 @@
 
 Zero fuzz always: git apply never fuzzes. A hunk that applies at an offset is
 accepted by ``apply`` (with the offset reported) and refused by ``check``,
-which also refuses a patch that is already upstream (it reverse-applies).
+which also refuses a patch that is already upstream (it reverse-applies). The
+one exception: on a release other than the primary, a shared patch (written
+against the primary, overlay/releases.py) applies at that release's offsets.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ class PatchResult:
     file: str | None = None
     hunk: Hunk | None = None
     problem: str = ""
+    shared: bool = False  # a shared patch on a release other than the primary: offsets expected
 
     def ok(self, strict: bool) -> bool:
-        return self.status == APPLIED or (self.status == OFFSET and not strict)
+        return self.status == APPLIED or (self.status == OFFSET and (self.shared or not strict))
 
     def as_json(self) -> dict:
         return {
@@ -50,6 +53,7 @@ class PatchResult:
             "failed_file": self.file,
             "failed_hunk": str(self.hunk) if self.hunk else None,
             "problem": self.problem,
+            "shared": self.shared,
         }
 
 
@@ -71,7 +75,9 @@ def run_series(repo: Path, series: Series | list[Patch], *, strict: bool, base: 
             if results and not results[-1].ok(strict):
                 results.append(PatchResult(patch, NOT_TRIED))
                 continue
-            results.append(_apply_one(index, patch))
+            result = _apply_one(index, patch)
+            result.shared = isinstance(series, Series) and series.is_shared(patch)
+            results.append(result)
         tree = index.write_tree() if all(r.ok(strict) for r in results) else None
     return SeriesResult(results, tree)
 

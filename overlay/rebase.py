@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from overlay import lock as lockmod
+from overlay import releases
 from overlay.contract import check_tree
 from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
@@ -135,6 +136,10 @@ class RebaseState:
     next: int = 0  # index of the next step to replay
     head_before_step: str | None = None  # HEAD before that step, to undo an interrupted one
     version: int = 2
+    # A release other than the primary being advanced ("": the primary; overlay/releases.py).
+    release: str = ""
+    # Keep the old primary as a supported release (rebase --add).
+    add: bool = False
 
     def as_json(self) -> dict:
         return {**asdict(self), "steps": [s.as_json() for s in self.steps]}
@@ -193,9 +198,15 @@ def check_can_start(tree: Path, *, force: bool) -> None:
 
 
 def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_base: Path, tree: Path,
-          *, force: bool) -> RebaseResult:  # fmt: skip
-    """Set up the rebase tree and replay the series; stop at the first conflict."""
+          *, force: bool, add: bool = False) -> RebaseResult:  # fmt: skip
+    """Set up the rebase tree and replay the series; stop at the first conflict.
+
+    ``series`` is the one of the release being rebased: the primary (``add``: keep
+    the old pin as a supported release), or another supported release (its own
+    patches, overlay/releases.py), which the new pin then replaces.
+    """
     check_can_start(tree, force=force)
+    _check_new_release(series, old_lock, new_lock, add=add)
     pre = run_series(old_base, series, strict=False)
     if not pre.ok(strict=False):
         raise PatchError("the series does not apply to the current pin; fix that before rebasing", pre)
@@ -219,9 +230,24 @@ def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_ba
         lock_before_sha=_file_digest(old_lock.path),
         series_before_sha=_file_digest(series.path),
         steps=[Step(p.name) for p in series.applied],
+        release=old_lock.version if series.own_patches is not None else "",
+        add=add,
     )
     rb.save()
     return _run(rb)
+
+
+def _check_new_release(series: Series, old_lock: Lock, new_lock: Lock, *, add: bool) -> None:
+    if add and series.own_patches is not None:
+        raise InputError("--add keeps the primary release beside the new one: rebase the primary (no --upstream)")
+    if add and new_lock.version == old_lock.version:
+        raise InputError(f"--add: vLLM {new_lock.version} is the release being rebased")
+    project = series.path.parent
+    if not (project / releases.LOCK_NAME).exists():
+        return
+    others = {r.version for r in releases.supported(project)} - {old_lock.version}
+    if new_lock.version in others:
+        raise InputError(f"vLLM {new_lock.version} is already a supported release (`apply.py releases`)")
 
 
 def _file_digest(path: Path | None) -> str:
@@ -372,20 +398,89 @@ def _finish(rb: Rebase) -> RebaseResult:
     st = rb.state
     series_path, lock_path = Path(st.series), Path(st.lock)
     edited = _file_digest(series_path) != st.series_before_sha or _file_digest(lock_path) != st.lock_before_sha
-    if edited or load_series(series_path).sha256 != st.series_before:
+    own = series_path.parent / releases.RELEASES_DIR / st.release / "patches" if st.release else None
+    if edited or load_series(series_path, own).sha256 != st.series_before:
         raise InputError(
             f"{series_path}, patches/ or {lock_path} changed since the rebase started; not overwriting them. "
             f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
         )
     new_lock = lockmod.loads(st.new_lock)
-    changes = _export_atomically(rb.tree, series_path)
-    lockmod.dump(new_lock, lock_path)
+    project = series_path.parent
+    if st.release:
+        changes = _finish_other_release(rb.tree, series_path, st.release, new_lock)
+    else:
+        kept = _other_releases(project, series_path, add_old=lockmod.load(lock_path) if st.add else None)
+        if kept and (dropped := [s.patch for s in st.steps if s.status == ALREADY_UPSTREAM
+                                 or s.resolution == "dropped"]):  # fmt: skip
+            raise InputError(
+                f"{', '.join(dropped)} left the series on vLLM {new_lock.version}, but the series is shared and "
+                f"vLLM {', '.join(v for v, _l, _t in kept)} still need(s) it: drop those releases first "
+                f"(`apply.py releases --drop VERSION`), or keep the patch. The rebased branch is in {rb.tree}"
+            )
+        changes = _export_atomically(rb.tree, series_path)
+        lockmod.dump(new_lock, lock_path)
+        changes += _keep_releases(project, kept)
     after = load_series(series_path)  # the rebased series: its src/ is what the contract concerns
     result = rb.result(completed=True)
     result.changes, result.series_after = changes, after.sha256
     result.contract = check_tree(series_path, after.modules, rb.tree, "HEAD")
     shutil.rmtree(rb.dir)
     return result
+
+
+def _other_releases(project: Path, series_path: Path, *, add_old: Lock | None) -> list[tuple[str, str, dict]]:
+    """(version, lock text, patch name -> text) of each release other than the primary that is
+    to stay supported, as they apply now; with ``add_old``, the primary's pin and patches too."""
+    kept = []
+    for release in releases.supported(project):
+        if release.primary and add_old is None:
+            continue
+        series = load_series(series_path, release.own_patches)
+        lock_text = release.lock_path.read_text() if not release.primary else lockmod.dumps(add_old)
+        kept.append((release.version, lock_text, {p.name: p.data for p in series.patches}))
+    return kept
+
+
+def _keep_releases(project: Path, kept: list[tuple[str, str, dict]]) -> list[tuple[str, str]]:
+    """After the primary moved: each kept release's own patches are those whose change
+    differs from the new shared files (its pin written for the old primary)."""
+    changes = []
+    shared = project / "patches"
+    for version, lock_text, texts in kept:
+        folder = project / releases.RELEASES_DIR / version
+        own = folder / "patches"
+        (own).mkdir(parents=True, exist_ok=True)
+        if not (folder / releases.LOCK_NAME).exists():
+            (folder / releases.LOCK_NAME).write_text(lock_text)
+            changes.append((f"{releases.RELEASES_DIR}/{version}/{releases.LOCK_NAME}", "added"))
+        for name, data in texts.items():
+            dest = own / name
+            if releases.same_change((shared / name).read_bytes(), data):
+                if dest.exists():
+                    dest.unlink()
+                    changes.append((f"{releases.RELEASES_DIR}/{version}/patches/{name}", "shared"))
+            elif not dest.exists() or dest.read_bytes() != data:
+                dest.write_bytes(data)
+                changes.append((f"{releases.RELEASES_DIR}/{version}/patches/{name}", "own"))
+        if not any(own.iterdir()):
+            own.rmdir()
+    return changes
+
+
+def _finish_other_release(tree: Path, series_path: Path, old_version: str, new_lock: Lock) -> list[tuple[str, str]]:
+    """A release other than the primary moved to ``new_lock``: its folder is rewritten under
+    the new version (pin and own patches), in a staging folder first."""
+    base = series_path.parent / releases.RELEASES_DIR
+    old_folder = base / old_version
+    staging = Path(tempfile.mkdtemp(dir=base, prefix=f".{new_lock.version}-"))
+    try:
+        lockmod.dump(new_lock, staging / releases.LOCK_NAME)
+        changes = export(tree, series_path, staging / "patches")
+        shutil.rmtree(old_folder)
+        os.replace(staging, base / new_lock.version)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return changes
 
 
 def _export_atomically(tree: Path, series_path: Path) -> list[tuple[str, str]]:

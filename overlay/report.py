@@ -37,7 +37,9 @@ def series_table(result: SeriesResult, *, strict: bool) -> Table:
         if r.problem:
             where = str(r.hunk) if r.hunk else (r.file or "")
             detail = f"{where}: {r.problem}" if where else r.problem
-        if r.status == "offset" and strict:
+        if r.status == "offset" and r.shared:
+            detail = "shared patch, at this release's offsets: " + detail
+        elif r.status == "offset" and strict:
             detail = "offset drift refused by check: " + detail
         style = STYLE.get(r.status, "")
         table.add_row(

@@ -107,10 +107,17 @@ class Series:
     path: Path
     patches: tuple[Patch, ...]
     modules: tuple[Module, ...] = ()  # src/ (overlay/modules.py)
+    # For a release other than the primary: releases/<version>/patches (overlay/releases.py).
+    own_patches: Path | None = None
 
     @property
     def patch_dir(self) -> Path:
         return self.path.parent / "patches"
+
+    def is_shared(self, patch: Patch) -> bool:
+        """Whether ``patch`` is the shared file of a release other than the primary, which
+        applies there at the release's own line offsets."""
+        return self.own_patches is not None and patch.path.parent != self.own_patches
 
     @cached_property
     def layer(self) -> Patch | None:
@@ -155,15 +162,21 @@ def parse_series_text(text: str, where: str) -> list[str]:
     return names
 
 
-def load(series_path: Path) -> Series:
+def load(series_path: Path, own_patches: Path | None = None) -> Series:
+    """The series; with ``own_patches`` (a release's releases/<version>/patches), a patch
+    found there replaces the shared file of the same name."""
     try:
         text = series_path.read_text()
     except FileNotFoundError:
         raise InputError(f"series file not found: {series_path}") from None
     patch_dir = series_path.parent / "patches"
+    names = parse_series_text(text, str(series_path))
+    own = {p.name for p in own_patches.iterdir()} if own_patches and own_patches.is_dir() else set()
+    if stray := sorted(own - set(names)):
+        raise InputError(f"{own_patches}: {', '.join(stray)} not in {series_path}; remove it")
     patches = []
-    for name in parse_series_text(text, str(series_path)):
-        path = patch_dir / name
+    for name in names:
+        path = (own_patches if name in own else patch_dir) / name
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -172,7 +185,7 @@ def load(series_path: Path) -> Series:
         if not patch.diff:
             raise InputError(f"patch {name}: contains no diff")
         patches.append(patch)
-    return Series(series_path, tuple(patches), load_modules(series_path.parent / SRC_DIR))
+    return Series(series_path, tuple(patches), load_modules(series_path.parent / SRC_DIR), own_patches)
 
 
 def write_series(series_path: Path, names: list[str], header: str) -> None:

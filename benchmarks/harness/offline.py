@@ -71,8 +71,14 @@ def summarize(runs: list[dict]) -> dict:
 def add_arguments(ap) -> None:
     ap.add_argument("--model", choices=builds.MODEL_ARGS, default="tiny")
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--step-path", type=int, nargs="*", default=[], metavar="N",
-                    help="also the overlay at these N with the device window off (inner steps step by step)")
+    ap.add_argument(
+        "--step-path",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="also the overlay at these N with the device window off (inner steps step by step)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--out-len", type=int, default=256)

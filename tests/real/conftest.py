@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 from support.venvs import overlay_wheel as build_overlay_wheel
-from support.venvs import tiny_model, vllm_venv
+from support.venvs import release_under_test, tiny_model, venv_dir, vllm_venv
 from support.venvs import upstream_wheel as fetch_upstream_wheel
-
-from overlay import lock as lockmod
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
@@ -20,7 +18,7 @@ BUILD = ROOT / "build"
 
 @pytest.fixture(scope="session")
 def lock():
-    return lockmod.load(ROOT / "upstream.lock")
+    return release_under_test().lock()
 
 
 @pytest.fixture(scope="session")
@@ -35,12 +33,12 @@ def overlay_wheel() -> Path:
 
 @pytest.fixture(scope="session")
 def upstream_python(upstream_wheel) -> Path:
-    return vllm_venv(BUILD / "venvs" / "upstream", upstream_wheel)
+    return vllm_venv(venv_dir("upstream"), upstream_wheel)
 
 
 @pytest.fixture(scope="session")
 def overlay_python(overlay_wheel) -> Path:
-    return vllm_venv(BUILD / "venvs" / "overlay", overlay_wheel)
+    return vllm_venv(venv_dir("overlay"), overlay_wheel)
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,9 @@ def test_windows_really_ran(parity_run, engine, steps, async_mode):
         assert ours["counters"]["vllm:prefix_cache_hits"] > 0
 
 
-WINDOW_PATHS = re.compile(r"Multi-step decode windows: (\d+), inner steps on the device in (\d+), step by step in (\d+)")
+WINDOW_PATHS = re.compile(
+    r"Multi-step decode windows: (\d+), inner steps on the device in (\d+), step by step in (\d+)"
+)
 
 
 @pytest.mark.parametrize("engine, steps, async_mode", MULTI_STEP_RUNS)

@@ -13,8 +13,8 @@ runs the same draft-model proposer with rejections, the second oracle below chec
 exactly, and the fuzzer's CI slice runs the target as its own draft in a small budget.
 Windows run under async scheduling (vLLM's default for these drafters; upstream turns it off
 for ngram), so each step the engine planned before the previous one's acceptance was known
-is corrected by the worker; one EAGLE run has it off. Each run must show drafts proposed and accepted (not vacuous), far fewer engine
-steps than upstream (windows ran) and an empty KV cache after it; one run
+is corrected by the worker; one EAGLE run has it off. Each run must show drafts proposed and
+accepted (not vacuous), far fewer engine steps than upstream (windows ran) and an empty KV cache after it; one run
 forces preemption, and a served request is aborted mid-window. A second oracle,
 upstream running the same drafter without windows, must draft and accept
 exactly as many tokens: each inner step hands its drafter what a single step

@@ -11,8 +11,8 @@ CI in budget: they test the KV cache manager and block pool, which no patch
 touches; prefix caching under windows is covered by the parity and fuzz runs.
 It also runs our own tests in upstream's style, from src/tests/
 (tests/v1/core/test_multi_step_scheduler.py, 39 tests; tests/v1/worker/test_multi_step_merge.py,
-2 tests; tests/v1/worker/test_multi_step_device.py, 6 tests; tests/v1/core/test_multi_step_spec.py, 14 tests; tests/distributed/test_shm_wakeup.py,
-8 tests; tests/v1/sample/test_cpu_spec_sampling.py, 6 tests;
+2 tests; tests/v1/worker/test_multi_step_device.py, 6 tests; tests/v1/core/test_multi_step_spec.py,
+14 tests; tests/distributed/test_shm_wakeup.py, 8 tests; tests/v1/sample/test_cpu_spec_sampling.py, 6 tests;
 tests/v1/worker/test_async_output_token_ids.py, 2 tests).
 """
 

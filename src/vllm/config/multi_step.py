@@ -49,6 +49,14 @@ def _steps_from_additional_config(vllm_config: "VllmConfig") -> int | None:
     return value
 
 
+def multi_step_requested(vllm_config: "VllmConfig") -> bool:
+    """Whether more than one decode step per scheduler call is asked for, by the
+    option or the alias. VllmConfig reads it (to pick the V1 runner) before
+    resolve_multi_step applies the alias."""
+    alias = _steps_from_additional_config(vllm_config) or 1
+    return max(vllm_config.scheduler_config.num_scheduler_steps, alias) > 1
+
+
 def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
     """Whether inner steps may run on the device, and the stop-check interval.
 

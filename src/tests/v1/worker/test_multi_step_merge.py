@@ -10,8 +10,8 @@ finished before the others, leaving steps with no logprobs at all.
 import numpy as np
 import pytest
 
-from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
-from vllm.v1.worker.multi_step import merge_step_outputs
+from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+from vllm.v1.worker.multi_step import _returned_like, merge_step_outputs
 
 pytestmark = pytest.mark.cpu_test
 
@@ -56,3 +56,27 @@ def test_steps_after_the_last_logprobs_request_left():
 def test_a_window_without_logprobs_has_none():
     merged = merge_step_outputs([_step({"a": 1}, None), _step({"a": 2}, None)])
     assert merged.logprobs is None and merged.sampled_token_ids == [[1, 2]]
+
+
+class _AsyncStep(AsyncModelRunnerOutput):
+    """A first step as the async runner returns it."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self.output = output
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self.output
+
+    def get_kv_connector_output(self):
+        return None
+
+
+def test_a_window_after_an_async_first_step_comes_back_async():
+    # Every abstract method of the release's AsyncModelRunnerOutput is defined
+    # (0.33.0 added get_kv_connector_output): the wrapper can be made at all.
+    merged = merge_step_outputs([_step({"a": 1}, None), _step({"a": 2}, None)])
+    returned = _returned_like(_AsyncStep(merged), merged)
+    assert isinstance(returned, AsyncModelRunnerOutput)
+    assert returned.get_output() is merged
+    assert returned.get_kv_connector_output() is merged.kv_connector_output
+    assert _returned_like(merged, merged) is merged

