@@ -4,7 +4,8 @@
 # and leave the per-patch report in $REPORT_DIR (the workflow uploads it).
 #
 # Run from a clone of this repository; it rewrites the clone's series, patches/
-# and upstream.lock (never push them from CI). Settings (environment):
+# and upstream.lock, and drops the clone's other supported releases (releases/).
+# Never push them from CI. Settings (environment):
 #   UPSTREAM_URL  upstream repository      (default https://github.com/vllm-project/vllm)
 #   UPSTREAM_REF  ref to follow            (default refs/heads/main)
 #   WHEELS_URL    per-commit wheel index   (default https://wheels.vllm.ai: <commit>/ is a
@@ -73,6 +74,12 @@ if [ -n "${WHEEL_URL:-}" ]; then
 else
   wheel=(--wheel-index "$TARGET=$WHEELS_URL/$commit/")
 fi
+# The nightly follows the newest release's series (the primary, patches/) onto main: the other
+# supported releases are dropped in this clone first, so a patch main makes redundant can leave.
+for v in $(python3 apply.py releases "${extra[@]}" --json |
+           python3 -c 'import json,sys; print(*[r["version"] for r in json.load(sys.stdin)["releases"] if not r["primary"]])'); do
+  python3 apply.py releases "${extra[@]}" --drop "$v" -q || exit 2
+done
 python3 apply.py rebase "${extra[@]}" --json --to-commit "$commit" --git-url "$UPSTREAM_URL" \
   "${wheel[@]}" --tree "$REPORT_DIR/tree" --force > "$REPORT_DIR/rebase.json"
 rebase_rc=$?

@@ -16,6 +16,9 @@ import json
 import pytest
 from support import fuzz
 
+# Runs on every supported release (apply.py test): each release's own builds.
+pytestmark = pytest.mark.every_release
+
 
 @pytest.fixture(scope="module")
 def runner(upstream_python, overlay_python, models, parity_run, tmp_path_factory):

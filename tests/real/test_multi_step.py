@@ -24,6 +24,9 @@ import pytest
 from support.engines import run_env
 from support.parity import STRUCTURED_CASE, assert_same_outputs, case_outputs
 
+# Runs on every supported release (apply.py test): each release's own builds.
+pytestmark = pytest.mark.every_release
+
 # (engine, steps, async mode); "default" is async on for the overlay on CPU. The Llama
 # engine's cases include shared prefixes (prefix caching is on by default) and
 # structured output. The N = 8 Llama runs and the chunked one also run the fuzzer's

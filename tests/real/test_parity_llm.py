@@ -15,6 +15,9 @@ from __future__ import annotations
 import pytest
 from support.parity import CASES, ENGINES, PREFIX_CASES, STOP_IDS, assert_same_outputs, case_outputs
 
+# Runs on every supported release (apply.py test): each release's own builds.
+pytestmark = pytest.mark.every_release
+
 
 @pytest.fixture(scope="module")
 def run(parity_run):

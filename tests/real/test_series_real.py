@@ -1,25 +1,39 @@
-"""The real series on the real pin (vLLM 0.32.0): zero fuzz, vLLM's own style."""
+"""The real series on every supported release's pin: zero fuzz, vLLM's own style."""
 
 import json
 import subprocess
 import sys
 
+import pytest
 from support.cli import ROOT
 
+from overlay import releases
 from overlay import series as seriesmod
 
+RELEASES = [r.version for r in releases.supported(ROOT)]
 
-def test_series_applies_to_pin_with_zero_fuzz_and_no_drift():
-    proc = subprocess.run([sys.executable, str(ROOT / "apply.py"), "check", "--json", "-q"],
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_series_applies_to_pin_with_zero_fuzz_and_no_drift(version):
+    proc = subprocess.run([sys.executable, str(ROOT / "apply.py"), "check", "--upstream", version, "--json", "-q"],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    series = seriesmod.load(ROOT / "series")
+    assert report["upstream"] == version
+    release = releases.select(ROOT, version)
+    series = seriesmod.load(ROOT / "series", release.own_patches)
     names = [p.name for p in series.applied]
     assert [p["patch"] for p in report["patches"]] == names and series.layer and series.patches
     for p in report["patches"]:
-        assert p["status"] == "applied" and p["offsets"] == [], p
+        # A shared patch (written against the primary) applies to another release at its offsets.
+        assert p["status"] == "applied" or (p["status"] == "offset" and p["shared"]), p
+        assert p["shared"] == (not release.primary and p["patch"] not in own_names(release)), p
     assert report["contract"] == []  # every upstream name contract.toml lists is in the pin
+
+
+def own_names(release) -> set[str]:
+    own = release.own_patches
+    return {p.name for p in own.iterdir()} if own and own.is_dir() else set()
 
 
 def test_readme_patch_table_counts_the_upstream_lines_each_patch_touches():
@@ -42,11 +56,12 @@ def test_patches_change_only_upstream_files():
     assert {m.path for m in series.modules} >= {"vllm/v1/worker/multi_step.py", "vllm/v1/core/sched/multi_step.py"}
 
 
-def test_patched_python_passes_vllm_ruff(tmp_path):
+@pytest.mark.parametrize("version", RELEASES)
+def test_patched_python_passes_vllm_ruff(version, tmp_path):
     """Patches follow vLLM's ruff config (pyproject.toml of the pin), so they could go upstream."""
     tree = tmp_path / "tree"
-    proc = subprocess.run([sys.executable, str(ROOT / "apply.py"), "apply", "-q", "--tree", str(tree)],
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run([sys.executable, str(ROOT / "apply.py"), "apply", "-q", "--upstream", version, "--tree",
+                           str(tree)], capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     changed = subprocess.run(["git", "diff", "--name-only", "--diff-filter=AM", "upstream..patched"],
                              cwd=tree, capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
@@ -72,18 +87,21 @@ def test_commit_pin_from_local_git_repo_of_the_sdist(tmp_path, lock):
     sdist = fetch_artifact(lock.source, Cache.locate(None), quiet=True)
     with tarfile.open(sdist) as tar:
         tar.extractall(tmp_path / "x", filter="data")
-    repo = tmp_path / "x" / "vllm-0.32.0"
+    repo = tmp_path / "x" / f"vllm-{lock.version}"
     git = ["git", "-c", "user.name=u", "-c", "user.email=u@u"]
     subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
     subprocess.run([*git, "add", "-A", "-f"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "v0.32.0"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", f"v{lock.version}"], cwd=repo, check=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
 
     project = tmp_path / "project"
-    project.mkdir()
+    (project / "patches").mkdir(parents=True)
     (project / "series").write_bytes((ROOT / "series").read_bytes())
-    for ours in ("patches", "src", "contract.toml"):
+    for ours in ("src", "contract.toml"):
         (project / ours).symlink_to(ROOT / ours)
+    # a one-release project holding this release's patches (its own where it has them)
+    for patch in seriesmod.load(ROOT / "series", releases.select(ROOT, lock.version).own_patches).patches:
+        (project / "patches" / patch.name).write_bytes(patch.data)
     pinned = dataclasses.replace(lock, source=GitSource(str(repo), commit))
     dump(pinned, project / "upstream.lock")
     args = ["--series", str(project / "series"), "--cache-dir", str(tmp_path / "cache"), "--json", "-q"]

