@@ -114,7 +114,20 @@ def resolve(**kw):
         return {"steps": cfg.scheduler_config.num_scheduler_steps, "async": cfg.scheduler_config.async_scheduling}
     except Exception as e:  # the message is what a user sees
         return {"error": f"{type(e).__name__}: {e}"}
+# Whether the config would pick Model Runner V2 where Triton runs (as on a GPU): vLLM reads it
+# before the alias is resolved, and multi-step needs the V1 runner.
+def v2_runner(**kw):
+    import vllm.config.vllm as config_module
+    cfg = EngineArgs(model=model, max_model_len=512, **kw).create_engine_config()
+    has_triton, config_module.HAS_TRITON = config_module.HAS_TRITON, True
+    try:
+        return cfg.use_v2_model_runner
+    finally:
+        config_module.HAS_TRITON = has_triton
 print("RESULT" + json.dumps({
+    "v2_plain": v2_runner(),
+    "v2_flag": v2_runner(num_scheduler_steps=4),
+    "v2_alias": v2_runner(additional_config={"multi_step": 3}),
     "flag": resolve(num_scheduler_steps=4),
     "alias": resolve(additional_config={"multi_step": 3}),
     "both_agree": resolve(num_scheduler_steps=3, additional_config={"multi_step": 3}),
@@ -146,6 +159,9 @@ def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
     got = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert got["flag"]["steps"] == 4
     assert got["alias"]["steps"] == 3
+    # Where vLLM would pick Model Runner V2 (Triton present), multi-step asked for by the option
+    # or by the alias keeps the V1 runner its hooks are in (patch 0004)
+    assert got["v2_plain"] is True and got["v2_flag"] is False and got["v2_alias"] is False
     assert got["both_agree"]["steps"] == 3
     assert "disagree" in got["disagree"]["error"]
     assert "num_scheduler_steps" in got["zero"]["error"] and "greater than or equal to 1" in got["zero"]["error"]
