@@ -108,9 +108,11 @@ import json, sys
 from vllm.engine.arg_utils import EngineArgs
 
 model = sys.argv[1]
+def config(**kw):
+    return EngineArgs(model=model, max_model_len=512, **kw).create_engine_config()
 def resolve(**kw):
     try:
-        cfg = EngineArgs(model=model, max_model_len=512, **kw).create_engine_config()
+        cfg = config(**kw)
         return {"steps": cfg.scheduler_config.num_scheduler_steps, "async": cfg.scheduler_config.async_scheduling}
     except Exception as e:  # the message is what a user sees
         return {"error": f"{type(e).__name__}: {e}"}
@@ -118,7 +120,7 @@ def resolve(**kw):
 # before the alias is resolved, and multi-step needs the V1 runner.
 def v2_runner(**kw):
     import vllm.config.vllm as config_module
-    cfg = EngineArgs(model=model, max_model_len=512, **kw).create_engine_config()
+    cfg = config(**kw)
     has_triton, config_module.HAS_TRITON = config_module.HAS_TRITON, True
     try:
         return cfg.use_v2_model_runner

@@ -26,10 +26,15 @@ def test_series_applies_to_pin_with_zero_fuzz_and_no_drift(version):
     names = [p.name for p in series.applied]
     assert [p["patch"] for p in report["patches"]] == names and series.layer and series.patches
     for p in report["patches"]:
-        # A shared patch (written against the primary) applies to another release at its offsets.
-        assert p["status"] == "applied" or (p["status"] == "offset" and p["shared"]), p
+        assert applies_as_written(p), p
         assert p["shared"] == (not release.primary and p["patch"] not in own_names(release)), p
     assert report["contract"] == []  # every upstream name contract.toml lists is in the pin
+
+
+def applies_as_written(patch: dict) -> bool:
+    """A patch's status in a check report: applied as written, or a shared patch (written against
+    the primary) applied to another release at its offsets."""
+    return patch["status"] == "applied" or (patch["status"] == "offset" and patch["shared"])
 
 
 def own_names(release) -> set[str]:
@@ -122,7 +127,7 @@ def test_commit_pin_from_local_git_repo_of_the_sdist(tmp_path, lock):
     assert check.returncode == 0, check.stdout + check.stderr
     report = json.loads(check.stdout)
     assert report["upstream"] == lock.version and report["patches"]
-    assert all(p["status"] == "applied" or (p["status"] == "offset" and p["shared"]) for p in report["patches"])
+    assert all(applies_as_written(p) for p in report["patches"]), report["patches"]
     build = subprocess.run(
         [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", "--dist", str(tmp_path / "dist"), *args],
         capture_output=True,
