@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from overlay.errors import InputError
@@ -57,19 +57,17 @@ def bisect(url: str, good: str, bad: str, series: Series, cache: Cache, *, patch
     _repo, bad_full = fetch_git(GitSource(url, bad), cache, quiet=True)
     if git(repo, "merge-base", "--is-ancestor", good_full, bad_full, check=False).returncode != 0:
         raise InputError(f"--good {good} is not an ancestor of --bad {bad}")
-    patches = list(series.patches)
     if patch is not None:
-        names = [p.name for p in patches]
+        names = [p.name for p in series.patches]
         if patch not in names:
             raise InputError(f"--patch {patch}: not in the series ({', '.join(names)})")
-        patches = patches[: names.index(patch) + 1]
-    if series.layer is not None:
-        patches.insert(0, series.layer)
+        # the series up to that patch (run_series lays our modules first, fitted to each commit)
+        series = replace(series, patches=series.patches[: names.index(patch) + 1])
     commits = git(repo, "rev-list", "--first-parent", "--reverse", f"{good_full}..{bad_full}").stdout.split()
     tested: list[dict] = []
 
     def probe(commit: str) -> tuple[int, str]:
-        code, why = _probe(repo, commit, patches, test)
+        code, why = _probe(repo, commit, series, test)
         tested.append({"commit": commit, "good": code == 0, "skipped": code == SKIP, "why": why})
         if not quiet:
             print(f"bisect: {commit[:12]} {'good' if code == 0 else 'skip' if code == SKIP else 'bad'}: {why}",
@@ -111,8 +109,8 @@ def _probe_order(lo: int, hi: int) -> list[int]:
     return sorted(inside, key=lambda i: (abs(i - mid), i))
 
 
-def _probe(repo: Path, commit: str, patches: list, test: str | None) -> tuple[int, str]:
-    result = run_series(repo, patches, strict=False, base=commit)
+def _probe(repo: Path, commit: str, series: Series, test: str | None) -> tuple[int, str]:
+    result = run_series(repo, series, strict=False, base=commit)
     if not result.ok(strict=False):
         failed = next(r for r in result.results if not r.ok(strict=False))
         where = str(failed.hunk) if failed.hunk else (failed.file or "")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from overlay import __version__ as OVERLAY_VERSION
 from overlay.errors import PatchError
+from overlay.families import fit
 from overlay.fetch import Cache, fetch_artifact
 from overlay.lock import GitSource, Lock
 from overlay.modules import SRC_DIR
@@ -33,6 +34,7 @@ class BuildResult:
 
 def build(lock: Lock, series: Series, cache: Cache, target: str, dist_dir: Path, *, quiet: bool) -> BuildResult:
     repo = base_repo(lock, cache, quiet=quiet)
+    series = fit(series, repo)
     result = run_series(repo, series, strict=False)
     if not result.ok(strict=False):
         raise PatchError("the series does not apply to the pin; nothing was built", result)
@@ -75,6 +77,6 @@ def _provenance(lock: Lock, series: Series, target: str, version: str, changes: 
         },
         "series_sha256": series.sha256,
         "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject} for p in series.patches],
-        "modules": [{"path": f"{SRC_DIR}/{m.path}", "sha256": m.sha256} for m in series.modules],
+        "modules": [{"path": f"{SRC_DIR}/{m.path}", "sha256": m.sha256} for m in series.laid_modules],
         "files": files,
     }

@@ -306,6 +306,7 @@ def cmd_fetch(args) -> int:
 
 def _series_report(args, strict: bool) -> int:
     from overlay.contract import check_tree
+    from overlay.families import fit
     from overlay.patching import run_series
     from overlay.tree import base_repo
 
@@ -325,7 +326,8 @@ def _series_report(args, strict: bool) -> int:
         old = lockmod.load(args.drift_from.resolve())
         drift = series_drift(base_repo(old, cache, quiet=args.quiet), repo, series.patches)
     drifted = {name: found for name, found in drift.items() if found}
-    contract = check_tree(series.path, series.modules, repo, result.tree) if result.tree else []
+    laid = fit(series, repo).laid_modules
+    contract = check_tree(series.path, laid, repo, result.tree) if result.tree else []
     ok = result.ok(strict) and not problems and not drifted and not contract
     if args.json:
         patches = [r.as_json() for r in result.results]
@@ -465,7 +467,8 @@ def _rebase_start(args, tree: Path):
         )  # fmt: skip
     old_base = base_repo(lock, cache, quiet=args.quiet)
     new_base = base_repo(new, cache, quiet=args.quiet)
-    return rebase.start(lock, new, series, old_base, new_base, tree, force=args.force, add=args.add)
+    return rebase.start(lock, new, series, old_base, new_base, tree, force=args.force, add=args.add,
+                        base_of=lambda pin: base_repo(pin, cache, quiet=args.quiet))  # fmt: skip
 
 
 def _target_url(spec: str) -> tuple[str, str]:

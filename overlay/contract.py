@@ -17,6 +17,13 @@ declared in ``contract.toml`` beside the series and checked against a tree
 ``receivers`` maps a variable name our modules use for an upstream object
 (``runner``, ``scheduler``, ...) to its class, so ``undeclared`` can find an
 attribute our code reads that the contract does not list.
+
+``[families.<name>]`` groups the modules that serve one upstream runner:
+``serves`` names that runner's file and ``modules`` our files (src/ paths) for
+it. A family is laid into a tree only where its ``serves`` file exists, so one
+src/ serves releases with different runners (Model Runner V1 up to vLLM 0.33.0,
+Model Runner V2 from 0.34.0 on); a class entry with ``family = "<name>"`` is
+checked only where that family is laid.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import ast
 import functools
 import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlay.errors import InputError
@@ -37,10 +44,24 @@ Reader = Callable[[str], str | None]  # tree path -> file text, None where the t
 
 
 @dataclass(frozen=True)
+class Family:
+    name: str
+    serves: str  # the upstream file of the runner these modules serve
+    modules: tuple[str, ...]  # our files, as paths under src/
+
+
+@dataclass(frozen=True)
 class Contract:
     classes: dict[str, tuple[str, ...]]  # "file:Class" -> names
     receivers: dict[str, str]  # variable name -> "file:Class"
     exact: frozenset[str] = frozenset()  # classes whose fields must be exactly their names
+    families: tuple[Family, ...] = ()
+    class_family: dict[str, str] = field(default_factory=dict)  # "file:Class" -> family name
+
+    def absent(self, read: Reader) -> tuple[Family, ...]:
+        """The families whose runner ``read``'s tree lacks."""
+        return tuple(f for f in self.families if read(f.serves) is None)
+
 
 
 def load(path: Path) -> Contract | None:
@@ -52,6 +73,9 @@ def load(path: Path) -> Contract | None:
         classes = {key: tuple(entry["names"]) for key, entry in data.get("classes", {}).items()}
         receivers = dict(data.get("receivers", {}))
         exact = frozenset(key for key, entry in data.get("classes", {}).items() if entry.get("fields") == "exact")
+        class_family = {key: entry["family"] for key, entry in data.get("classes", {}).items() if "family" in entry}
+        families = tuple(Family(name, entry["serves"], tuple(entry["modules"]))
+                         for name, entry in data.get("families", {}).items())  # fmt: skip
     except (tomllib.TOMLDecodeError, KeyError, TypeError) as e:
         raise InputError(f"{path}: not a valid contract: {e}") from None
     for key in [*classes, *receivers.values()]:
@@ -60,15 +84,20 @@ def load(path: Path) -> Contract | None:
     unknown = sorted(set(receivers.values()) - set(classes))
     if unknown:
         raise InputError(f"{path}: receivers name classes with no [classes] entry: {', '.join(unknown)}")
-    return Contract(classes, receivers, exact)
+    if stray := sorted(set(class_family.values()) - {f.name for f in families}):
+        raise InputError(f"{path}: classes name families with no [families] entry: {', '.join(stray)}")
+    return Contract(classes, receivers, exact, families, class_family)
 
 
 def problems(contract: Contract, modules: Iterable[Module], read: Reader) -> list[str]:
     """What of the contract ``read``'s tree breaks: one line per missing name, upstream-style."""
     read = functools.cache(read)  # several classes and imports name one file
     modules = tuple(modules)
+    absent = {f.name for f in contract.absent(read)}
     found = []
     for key, names in contract.classes.items():
+        if contract.class_family.get(key) in absent:
+            continue  # a runner this tree does not have: its modules are not laid in
         file, cls = key.split(":")
         node = _class_def(read(file), cls)
         if node is None:
@@ -94,12 +123,17 @@ def check_tree(series_path: Path, modules: Iterable[Module], repo: Path, tree: s
     contract = load(series_path.parent / CONTRACT_FILE)
     if contract is None:
         return []
+    return problems(contract, modules, tree_reader(repo, tree))
+
+
+def tree_reader(repo: Path, tree: str) -> Reader:
+    """A Reader of git tree-ish ``tree`` in ``repo``."""
 
     def read(path: str) -> str | None:
         proc = git(repo, "cat-file", "blob", f"{tree}:{path}", check=False)
         return proc.stdout if proc.returncode == 0 else None
 
-    return problems(contract, modules, read)
+    return read
 
 
 def undeclared(contract: Contract, modules: Iterable[Module]) -> list[str]:

@@ -21,11 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from overlay.errors import InputError, PatchError
+from overlay.contract import tree_reader
+from overlay.families import fit, left_out
 from overlay.gitcmd import git, git_env
 from overlay.modules import SRC_DIR, write_modules
 from overlay.patching import SeriesResult, run_series
 from overlay.releases import same_change
-from overlay.series import Series, parse_series_text, write_series
+from overlay.series import Series, parse_series_text, release_series_file, write_series
 from overlay.tree import UPSTREAM_TAG, file_mode, read_blob
 
 BRANCH = "patched"
@@ -44,6 +46,7 @@ def make_tree(base: Path, series: Series, tree_dir: Path, *, force: bool, releas
         raise InputError(
             f"{tree_dir} already exists (it may hold unexported work): export it, or pass --force to recreate it"
         )
+    series = fit(series, base)
     result = run_series(base, series, strict=False)
     if not result.ok(strict=False):
         raise PatchError("the series does not apply; no tree was written", result)
@@ -101,18 +104,16 @@ def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -
     if git(tree_dir, "rev-list", "--merges", f"{UPSTREAM_TAG}..HEAD").stdout.strip():
         raise InputError("the branch has merge commits; a series must be linear")
     patch_dir = series_path.parent / "patches"
-    old = parse_series_text(series_path.read_text(), str(series_path)) if series_path.exists() else []
+    names_path = release_series_file(series_path, own_patches)
+    old = parse_series_text(names_path.read_text(), str(names_path)) if names_path.exists() else []
     added = _added_files(tree_dir)
-    outside = [f":(exclude,literal){path}" for path in added]
-    with tempfile.TemporaryDirectory() as tmp:
-        git(tree_dir, "format-patch", "--quiet", "--zero-commit", "--full-index",
-            "--no-signature", "--no-numbered", "--no-renames", "--output-directory", tmp,
-            f"{UPSTREAM_TAG}..HEAD", "--", ".", *outside, env=git_env())  # fmt: skip
-        fresh = {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
-    names = sorted(fresh)
+    # src/ files of the families this tree's upstream has no runner for stay as they are
+    keep = left_out(series_path, tree_reader(tree_dir, UPSTREAM_TAG))
+    fresh = _keep_names(_format_patches(tree_dir, added), old)
+    names = list(fresh)
     if own_patches is not None:
         return _export_own(fresh, old, patch_dir, own_patches, series_path) + write_modules(
-            series_path.parent / SRC_DIR, added
+            series_path.parent / SRC_DIR, added, keep
         )
     changes = []
     patch_dir.mkdir(exist_ok=True)
@@ -130,7 +131,7 @@ def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -
     new_text = SERIES_HEADER + "".join(f"{n}\n" for n in names)
     if not series_path.exists() or series_path.read_text() != new_text:
         write_series(series_path, names, SERIES_HEADER)
-    return changes + write_modules(series_path.parent / SRC_DIR, added)
+    return changes + write_modules(series_path.parent / SRC_DIR, added, keep)
 
 
 def _export_own(
@@ -143,23 +144,62 @@ def _export_own(
             f"({', '.join(names)}): the series is shared by every release, so patches are added, "
             "removed or renamed on the primary release's tree"
         )
+    return write_own_texts({name: fresh[name] for name in names}, patch_dir, own)
+
+
+def write_own_texts(texts: dict[str, bytes], patch_dir: Path, own: Path) -> list[tuple[str, str]]:
+    """Write a release's own text (into ``own``) of each patch of ``texts`` whose change differs
+    from the shared file in ``patch_dir`` or that has no shared file; an own text whose change
+    is the shared one again is removed. (``releases/<v>/patches/<name>``, change) per patch."""
     changes = []
-    for name in names:
+    label = f"{own.parent.parent.name}/{own.parent.name}/{own.name}"
+    for name, data in texts.items():
         dest, shared = own / name, patch_dir / name
-        if same_change(shared.read_bytes(), fresh[name]):
+        if shared.exists() and same_change(shared.read_bytes(), data):
             if dest.exists():
                 dest.unlink()
-                changes.append((f"{own.parent.name}/{name}", "shared"))
+                changes.append((f"{label}/{name}", "shared"))
             continue
-        if dest.exists() and dest.read_bytes() == fresh[name]:
-            changes.append((f"{own.parent.name}/{name}", "unchanged"))
+        if dest.exists() and dest.read_bytes() == data:
+            changes.append((f"{label}/{name}", "unchanged"))
             continue
-        changes.append((f"{own.parent.name}/{name}", "changed" if dest.exists() else "added"))
+        changes.append((f"{label}/{name}", "changed" if dest.exists() else "added"))
         own.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(fresh[name])
+        dest.write_bytes(data)
     if own.is_dir() and not any(own.iterdir()):
         own.rmdir()
     return changes
+
+
+def _format_patches(tree_dir: Path, added: dict) -> dict[str, bytes]:
+    """name -> text of each commit's changes to upstream files (the files in ``added`` left out)."""
+    outside = [f":(exclude,literal){path}" for path in added]
+    with tempfile.TemporaryDirectory() as tmp:
+        git(tree_dir, "format-patch", "--quiet", "--zero-commit", "--full-index",
+            "--no-signature", "--no-numbered", "--no-renames", "--output-directory", tmp,
+            f"{UPSTREAM_TAG}..HEAD", "--", ".", *outside, env=git_env())  # fmt: skip
+        return {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
+
+
+def _keep_names(fresh: dict[str, bytes], old: list[str]) -> dict[str, bytes]:
+    """``fresh`` (git's names: a number by position, then the subject) in series order, each
+    under the name the series already gives that subject: a patch keeps its number when one
+    before it leaves the series."""
+    by_subject = {name.split("-", 1)[1]: name for name in old if "-" in name}
+    named = {by_subject.get(name.split("-", 1)[1], name): data for name, data in sorted(fresh.items())}
+    if len(named) != len(fresh):
+        raise InputError(f"two commits of the branch have the same subject: {', '.join(sorted(fresh))}")
+    return named
+
+
+def exact_texts(base: Path, series: Series) -> dict[str, bytes]:
+    """Each patch of ``series`` as git writes it against ``base``: texts that apply there at no
+    offset, as a release's own text must (by position: one commit per patch, in order)."""
+    with tempfile.TemporaryDirectory(prefix="overlay-exact-") as tmp:
+        tree = Path(tmp) / "tree"
+        make_tree(base, series, tree, force=True)
+        fresh = _format_patches(tree, _added_files(tree))
+    return {p.name: fresh[name] for p, name in zip(series.patches, sorted(fresh), strict=True)}
 
 
 def _added_files(tree_dir: Path) -> dict[str, tuple[bytes, bool]]:

@@ -91,8 +91,10 @@ def _new_file_diff(m: Module) -> bytes:
     return b"".join(out)
 
 
-def write_modules(src: Path, files: dict[str, tuple[bytes, bool]]) -> list[tuple[str, str]]:
-    """Make ``src`` hold exactly ``files`` (path -> data, executable); (src path, change) per file touched."""
+def write_modules(src: Path, files: dict[str, tuple[bytes, bool]], keep: frozenset[str] = frozenset()
+                  ) -> list[tuple[str, str]]:  # fmt: skip
+    """Make ``src`` hold exactly ``files`` (path -> data, executable), besides the paths in ``keep``
+    (modules the tree did not take); (src path, change) per file touched."""
     old = {m.path: m for m in load_modules(src)}
     changes = []
     for path, (data, executable) in sorted(files.items()):
@@ -103,7 +105,7 @@ def write_modules(src: Path, files: dict[str, tuple[bytes, bool]]) -> list[tuple
         dest.write_bytes(data)
         dest.chmod(0o755 if executable else 0o644)
         changes.append((f"{SRC_DIR}/{path}", "changed" if path in old else "added"))
-    for path in sorted(set(old) - set(files)):
+    for path in sorted(set(old) - set(files) - keep):
         (src / path).unlink()
         _prune_empty_dirs((src / path).parent, src)
         changes.append((f"{SRC_DIR}/{path}", "removed"))

@@ -67,9 +67,12 @@ class SeriesResult:
 
 
 def run_series(repo: Path, series: Series | list[Patch], *, strict: bool, base: str = UPSTREAM_TAG) -> SeriesResult:
-    """Apply ``series`` (its module layer first) in a scratch index of ``base``; stop at the first failure."""
+    """Apply ``series`` (its module layer first, fitted to ``base``: overlay/families.py) in a
+    scratch index of ``base``; stop at the first failure."""
+    from overlay.families import fit
+
     results: list[PatchResult] = []
-    patches = series.applied if isinstance(series, Series) else series
+    patches = fit(series, repo, base).applied if isinstance(series, Series) else series
     with scratch(repo, base) as index:
         for patch in patches:
             if results and not results[-1].ok(strict):

@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,10 +40,11 @@ from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
-from overlay.maintain import BRANCH, am_series, export, new_tree
+from overlay.families import fit
+from overlay.maintain import BRANCH, am_series, exact_texts, export, new_tree, write_own_texts
 from overlay.modules import SRC_DIR
 from overlay.patching import conflict_result, hunk_offsets, run_series
-from overlay.series import Patch, Series, parse_series_text, strip_prefix
+from overlay.series import SERIES_FILE, Patch, Series, parse_series_text, strip_prefix, write_series
 from overlay.series import load as load_series
 from overlay.tree import UPSTREAM_TAG
 
@@ -198,12 +200,14 @@ def check_can_start(tree: Path, *, force: bool) -> None:
 
 
 def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_base: Path, tree: Path,
-          *, force: bool, add: bool = False) -> RebaseResult:  # fmt: skip
+          *, force: bool, add: bool = False, base_of: Callable[[Lock], Path]) -> RebaseResult:  # fmt: skip
     """Set up the rebase tree and replay the series; stop at the first conflict.
 
     ``series`` is the one of the release being rebased: the primary (``add``: keep
     the old pin as a supported release), or another supported release (its own
-    patches, overlay/releases.py), which the new pin then replaces.
+    patches, overlay/releases.py), which the new pin then replaces. ``base_of`` gives
+    a supported release's upstream repo: when the primary moves, every release kept
+    beside it is written down here as it applies now (_snapshot_kept).
     """
     check_can_start(tree, force=force)
     _check_new_release(series, old_lock, new_lock, add=add)
@@ -214,12 +218,16 @@ def start(old_lock: Lock, new_lock: Lock, series: Series, old_base: Path, new_ba
         git(work, "fetch", "--quiet", "--no-tags", str(old_base), f"+refs/tags/{UPSTREAM_TAG}:{OLD_BASE_REF}")
         # The series on the old base: the pre-image blobs for 3-way merges and drift.
         git(work, "checkout", "--quiet", "-b", OLD_BRANCH, OLD_BASE_REF)
-        am_series(work, series.applied)
+        am_series(work, fit(series, old_base).applied)
         git(work, "checkout", "--quiet", "-b", BRANCH, UPSTREAM_TAG)
     rb = Rebase(tree)
     (rb.dir / "patches").mkdir(parents=True)
+    # Replayed on the new base: our modules as that base takes them (overlay/families.py).
+    series = fit(series, new_base)
     for patch in series.applied:
         (rb.dir / "patches" / patch.name).write_bytes(patch.data)
+    if series.own_patches is None:
+        _snapshot_kept(rb, series.path, old_lock if add else None, base_of)
     rb.state = RebaseState(
         series=str(series.path),
         lock=str(old_lock.path),
@@ -409,61 +417,69 @@ def _finish(rb: Rebase) -> RebaseResult:
     if st.release:
         changes = _finish_other_release(rb.tree, series_path, st.release, new_lock)
     else:
-        kept = _other_releases(project, series_path, add_old=lockmod.load(lock_path) if st.add else None)
-        if kept and (dropped := [s.patch for s in st.steps if s.status == ALREADY_UPSTREAM
-                                 or s.resolution == "dropped"]):  # fmt: skip
-            raise InputError(
-                f"{', '.join(dropped)} left the series on vLLM {new_lock.version}, but the series is shared and "
-                f"vLLM {', '.join(v for v, _l, _t in kept)} still need(s) it: drop those releases first "
-                f"(`apply.py releases --drop VERSION`), or keep the patch. The rebased branch is in {rb.tree}"
-            )
         changes = _export_atomically(rb.tree, series_path)
         lockmod.dump(new_lock, lock_path)
-        changes += _keep_releases(project, kept)
-    after = load_series(series_path)  # the rebased series: its src/ is what the contract concerns
+        # A patch that left the series on the new pin stays with each kept release that has it.
+        changes += _keep_releases(project, _kept(rb))
+    after = fit(load_series(series_path), rb.tree)  # the rebased series: its src/ is what the contract concerns
     result = rb.result(completed=True)
     result.changes, result.series_after = changes, after.sha256
-    result.contract = check_tree(series_path, after.modules, rb.tree, "HEAD")
+    result.contract = check_tree(series_path, after.laid_modules, rb.tree, "HEAD")
     shutil.rmtree(rb.dir)
     return result
 
 
-def _other_releases(project: Path, series_path: Path, *, add_old: Lock | None) -> list[tuple[str, str, dict]]:
-    """(version, lock text, patch name -> text) of each release other than the primary that is
-    to stay supported, as they apply now; with ``add_old``, the primary's pin and patches too."""
-    kept = []
+KEPT_DIR = "kept"
+
+
+def _snapshot_kept(rb: Rebase, series_path: Path, add_old: Lock | None, base_of: Callable[[Lock], Path]) -> None:
+    """Write down, in the rebase's state, each release other than the primary that is to stay
+    supported (with ``add_old``, the primary too): its pin and each of its patches as git writes
+    it against that release (a shared file that applies there at offsets is rewritten exactly:
+    it may become that release's own text)."""
+    project = series_path.parent
+    if not (project / releases.LOCK_NAME).exists():
+        return
     for release in releases.supported(project):
         if release.primary and add_old is None:
             continue
         series = load_series(series_path, release.own_patches)
-        lock_text = release.lock_path.read_text() if not release.primary else lockmod.dumps(add_old)
-        kept.append((release.version, lock_text, {p.name: p.data for p in series.patches}))
+        if release.primary:
+            lock_text, texts = lockmod.dumps(add_old), {p.name: p.data for p in series.patches}
+        else:
+            lock_text, texts = release.lock_path.read_text(), exact_texts(base_of(release.lock()), series)
+        folder = rb.dir / KEPT_DIR / release.version
+        (folder / "patches").mkdir(parents=True)
+        (folder / releases.LOCK_NAME).write_text(lock_text)
+        write_series(folder / SERIES_FILE, list(texts), "")
+        for name, data in texts.items():
+            (folder / "patches" / name).write_bytes(data)
+
+
+def _kept(rb: Rebase) -> list[tuple[str, str, dict[str, bytes]]]:
+    """(version, lock text, patch name -> text) of each release _snapshot_kept wrote down."""
+    kept = []
+    for folder in sorted((rb.dir / KEPT_DIR).iterdir()) if (rb.dir / KEPT_DIR).is_dir() else []:
+        names = parse_series_text((folder / SERIES_FILE).read_text(), str(folder / SERIES_FILE))
+        texts = {name: (folder / "patches" / name).read_bytes() for name in names}
+        kept.append((folder.name, (folder / releases.LOCK_NAME).read_text(), texts))
     return kept
 
 
 def _keep_releases(project: Path, kept: list[tuple[str, str, dict]]) -> list[tuple[str, str]]:
     """After the primary moved: each kept release's own patches are those whose change
-    differs from the new shared files (its pin written for the old primary)."""
+    differs from the new shared files or that the new series lacks, with its own series
+    file where its patches are not the new series' (its pin written for the old primary)."""
     changes = []
-    shared = project / "patches"
+    shared = parse_series_text((project / SERIES_FILE).read_text(), SERIES_FILE)
     for version, lock_text, texts in kept:
         folder = project / releases.RELEASES_DIR / version
-        own = folder / "patches"
-        (own).mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         if not (folder / releases.LOCK_NAME).exists():
             (folder / releases.LOCK_NAME).write_text(lock_text)
             changes.append((f"{releases.RELEASES_DIR}/{version}/{releases.LOCK_NAME}", "added"))
-        for name, data in texts.items():
-            dest = own / name
-            if releases.same_change((shared / name).read_bytes(), data):
-                if dest.exists():
-                    dest.unlink()
-                    changes.append((f"{releases.RELEASES_DIR}/{version}/patches/{name}", "shared"))
-            elif not dest.exists() or dest.read_bytes() != data:
-                dest.write_bytes(data)
-                changes.append((f"{releases.RELEASES_DIR}/{version}/patches/{name}", "own"))
-        if not any(own.iterdir()):
-            own.rmdir()
+        changes += write_own_texts(texts, project / "patches", folder / "patches")
+        changes += releases.write_series(folder, list(texts), shared)
     return changes
 
 

@@ -11,8 +11,14 @@ Layout, beside ``series``:
   to that release as the shared file, at whatever line offsets the release
   needs, with every context line matching (git never fuzzes).
 
-The order of patches (``series``) and our modules (``src/``) are shared by
-every release. See docs/releases.md for why the layout is this one.
+- ``releases/<version>/series``: only where a release does not take the
+  shared series as is (a patch the primary dropped when its file left
+  upstream, kept for the older release): its own list, in apply order. A patch
+  it names that the shared series lacks has its own text there.
+
+Our modules (``src/``) are shared by every release; each tree takes the
+families of them whose runner it has (overlay/families.py). See
+docs/releases.md for why the layout is this one.
 """
 
 from __future__ import annotations
@@ -26,9 +32,14 @@ from packaging.version import InvalidVersion, Version
 
 from overlay import lock as lockmod
 from overlay.errors import InputError
+from overlay.series import SERIES_FILE
 
 RELEASES_DIR = "releases"
 LOCK_NAME = "upstream.lock"
+RELEASE_SERIES_HEADER = (
+    "# This release's patches, in apply order: it does not take the shared series as is\n"
+    "# (overlay/releases.py). Written by `apply.py rebase`; one file name per line.\n"
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,24 @@ def patch_id(data: bytes) -> str:
 
 def same_change(a: bytes, b: bytes) -> bool:
     return patch_id(a) == patch_id(b)
+
+
+def write_series(folder: Path, names: list[str], shared: list[str]) -> list[tuple[str, str]]:
+    """A release's own series file (``folder``/series) where its patches are not the shared
+    series' ``shared``; none where they are. (path, change) for a file written or removed."""
+    path = folder / SERIES_FILE
+    label = f"{RELEASES_DIR}/{folder.name}/{SERIES_FILE}"
+    if names == shared:
+        if path.exists():
+            path.unlink()
+            return [(label, "shared")]
+        return []
+    text = RELEASE_SERIES_HEADER + "".join(f"{n}\n" for n in names)
+    if path.exists() and path.read_text() == text:
+        return []
+    change = "changed" if path.exists() else "added"
+    path.write_text(text)
+    return [(label, change)]
 
 
 def drop(project: Path, version: str) -> Release:

@@ -23,6 +23,7 @@ from unidiff.errors import UnidiffParseError
 from overlay.errors import InputError
 from overlay.modules import LAYER_NAME, SRC_DIR, Module, layer_patch, load_modules
 
+SERIES_FILE = "series"
 PATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
 # Header trailers each patch must carry (checked by `check`).
 REQUIRED_TRAILERS = ("Upstream-Status", "Tests")
@@ -109,6 +110,12 @@ class Series:
     modules: tuple[Module, ...] = ()  # src/ (overlay/modules.py)
     # For a release other than the primary: releases/<version>/patches (overlay/releases.py).
     own_patches: Path | None = None
+    # src/ paths not laid into the tree at hand: families whose runner it lacks (overlay/families.py).
+    left_out: frozenset[str] = frozenset()
+
+    @property
+    def laid_modules(self) -> tuple[Module, ...]:
+        return tuple(m for m in self.modules if m.path not in self.left_out)
 
     @property
     def patch_dir(self) -> Path:
@@ -122,9 +129,9 @@ class Series:
     @cached_property
     def layer(self) -> Patch | None:
         """The module layer: the patch that lays src/ into the tree (None without src/)."""
-        if not self.modules:
+        if not self.laid_modules:
             return None
-        return Patch(LAYER_NAME, self.path.parent / SRC_DIR, layer_patch(self.modules))
+        return Patch(LAYER_NAME, self.path.parent / SRC_DIR, layer_patch(self.laid_modules))
 
     @property
     def applied(self) -> tuple[Patch, ...]:
@@ -133,7 +140,8 @@ class Series:
 
     @cached_property
     def sha256(self) -> str:
-        """Identity of the series: the ordered patch names and contents, and src/'s files.
+        """Identity of the series: the ordered patch names and contents, and src/'s files
+        (all of them, whichever a tree takes).
 
         Comments and blank lines in ``series`` do not change it.
         """
@@ -162,25 +170,34 @@ def parse_series_text(text: str, where: str) -> list[str]:
     return names
 
 
+def release_series_file(series_path: Path, own_patches: Path | None) -> Path:
+    """The file listing a release's patches: its own ``releases/<version>/series`` where its
+    patches are not the shared series' (a patch the primary dropped, say), else ``series``."""
+    own = own_patches.parent / SERIES_FILE if own_patches is not None else None
+    return own if own is not None and own.exists() else series_path
+
+
 def load(series_path: Path, own_patches: Path | None = None) -> Series:
     """The series; with ``own_patches`` (a release's releases/<version>/patches), a patch
-    found there replaces the shared file of the same name."""
+    found there replaces the shared file of the same name, and the release's own series
+    file, where it has one, says which patches it takes."""
+    names_path = release_series_file(series_path, own_patches)
     try:
-        text = series_path.read_text()
+        text = names_path.read_text()
     except FileNotFoundError:
-        raise InputError(f"series file not found: {series_path}") from None
+        raise InputError(f"series file not found: {names_path}") from None
     patch_dir = series_path.parent / "patches"
-    names = parse_series_text(text, str(series_path))
+    names = parse_series_text(text, str(names_path))
     own = {p.name for p in own_patches.iterdir()} if own_patches and own_patches.is_dir() else set()
     if stray := sorted(own - set(names)):
-        raise InputError(f"{own_patches}: {', '.join(stray)} not in {series_path}; remove it")
+        raise InputError(f"{own_patches}: {', '.join(stray)} not in {names_path}; remove it")
     patches = []
     for name in names:
         path = (own_patches if name in own else patch_dir) / name
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise InputError(f"{series_path}: patch {name} is listed but {path} does not exist") from None
+            raise InputError(f"{names_path}: patch {name} is listed but {path} does not exist") from None
         patch = Patch(name, path, data)
         if not patch.diff:
             raise InputError(f"patch {name}: contains no diff")

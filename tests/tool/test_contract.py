@@ -73,3 +73,12 @@ def test_check_reports_a_broken_contract(upstream):
     code, out = run_json("check", *upstream.args())
     assert code == errors.PATCH_FAILED and not out["ok"]
     assert out["contract"] == ["vllm/engine.py: class Engine is gone (our modules use step)"], out
+
+
+def test_every_family_module_is_a_file_of_src():
+    """contract.toml's [families] name real src/ files: a renamed module cannot slip out of its family."""
+    declared = contract.load(ROOT / contract.CONTRACT_FILE)
+    assert declared is not None and declared.families
+    ours = {m.path for m in modules.load_modules(ROOT / "src")}
+    for family in declared.families:
+        assert family.modules and set(family.modules) <= ours, (family.name, set(family.modules) - ours)

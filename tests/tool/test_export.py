@@ -54,15 +54,15 @@ def test_export_writes_edits_new_and_dropped_patches(upstream):
     ]
     assert upstream.series.read_text().splitlines()[1:] == ["0001-engine-edit.patch", "0002-engine-hook.patch"]
     assert run_tool("check", *upstream.args()).returncode == 0
-    # drop the first patch: its file goes, the second is renumbered
+    # drop the first patch: its file goes, the second keeps its name (its number included)
     _git(tree, "rebase", "-q", "--onto", "upstream", "HEAD~1")
     code, out = run_json("export", *upstream.args(), "--tree", str(tree))
     assert {(p["patch"], p["change"]) for p in out["patches"]} == {
-        ("0001-engine-hook.patch", "added"),
+        ("0002-engine-hook.patch", "changed"),
         ("0001-engine-edit.patch", "removed"),
-        ("0002-engine-hook.patch", "removed"),
     }
-    assert sorted(p.name for p in (upstream.root / "patches").iterdir()) == ["0001-engine-hook.patch"]
+    assert sorted(p.name for p in (upstream.root / "patches").iterdir()) == ["0002-engine-hook.patch"]
+    assert upstream.series.read_text().splitlines()[1:] == ["0002-engine-hook.patch"]
 
 
 def test_export_sends_new_files_to_src_and_upstream_changes_to_patches(upstream):

@@ -217,7 +217,7 @@ def test_dropping_the_stopped_patch_with_git_am_skip(upstream, history, tmp_path
     code, out = run_json("rebase", *upstream.args(), "--continue", "--tree", str(tree))
     assert code == errors.PATCH_FAILED and out["completed"]  # completed; a dropped patch needs review
     assert out["patches"][0]["resolution"] == "dropped"
-    assert upstream.series.read_text().split("\n")[1:-1] == ["0001-d.patch"]
+    assert upstream.series.read_text().split("\n")[1:-1] == ["0002-d.patch"]  # keeps its name
 
 
 def test_series_not_applying_to_current_pin_writes_nothing(upstream, history, tmp_path):
@@ -271,7 +271,7 @@ def test_already_upstream_found_by_the_3way_merge(upstream, history, tmp_path):
     first, second = out["patches"]
     assert first["status"] == "already-upstream" and "3-way merge changed nothing" in first["detail"]
     assert second["status"] == "clean"
-    assert upstream.series.read_text().split("\n")[1:-1] == ["0001-y.patch"]
+    assert upstream.series.read_text().split("\n")[1:-1] == ["0002-y.patch"]  # keeps its name
 
 
 def test_continue_after_an_interruption_replays_the_interrupted_patch(upstream, history, tmp_path):
