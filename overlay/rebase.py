@@ -35,7 +35,7 @@ from pathlib import Path
 
 from overlay import lock as lockmod
 from overlay import releases
-from overlay.contract import check_tree
+from overlay.contract import CONTRACT_FILE, check_tree
 from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
@@ -512,6 +512,9 @@ def _export_atomically(tree: Path, series_path: Path) -> list[tuple[str, str]]:
         src, staged_src = series_path.parent / SRC_DIR, Path(tmp) / SRC_DIR
         if src.exists():
             shutil.copytree(src, staged_src)
+        contract = series_path.parent / CONTRACT_FILE
+        if contract.exists():  # export reads its [families]: src/ files the tree does not take stay
+            shutil.copyfile(contract, Path(tmp) / CONTRACT_FILE)
         changes = export(tree, staging)
         patches = [(name, change) for name, change in changes if "/" not in name]  # the rest: src/...
         for name, change in patches:

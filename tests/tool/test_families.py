@@ -63,3 +63,20 @@ def test_a_class_naming_an_undeclared_family_is_refused(upstream):
     (upstream.root / contract.CONTRACT_FILE).write_text(CONTRACT.replace('family = "gone-runner"', 'family = "x"'))
     code, out = run_json("check", *upstream.args())
     assert code == errors.BAD_INPUT and "families with no [families] entry: x" in out["error"], out
+
+
+def test_a_rebase_onto_an_upstream_without_the_runner_keeps_its_family_in_src(upstream, tmp_path):
+    """The new upstream dropped the runner a family serves: the rebased series lays no module of
+    it, and src/ still holds the family's files for the releases that have that runner."""
+    from support.synthetic import SOURCE, git_commit, pin_git
+
+    repo = tmp_path / "upstream-git"
+    v1 = git_commit(repo, {**SOURCE, "vllm/gone_runner.py": "class GoneRunner:\n    def step(self): ...\n"}, "v1")
+    pin_git(upstream, str(repo), v1)
+    _project(upstream)
+    v2 = git_commit(repo, {"vllm/gone_runner.py": None}, "v2: the runner is removed")
+    src_before = {k: v for k, v in snapshot(upstream.root).items() if k.startswith("src/")}
+    code, out = run_json("rebase", *upstream.args(), "--to-commit", v2, "--git-url", str(repo),
+                         "--upstream-version", "2.0.0", "--tree", str(tmp_path / "t"))  # fmt: skip
+    assert out["completed"] and out["contract"] == [], out
+    assert {k: v for k, v in snapshot(upstream.root).items() if k.startswith("src/")} == src_before
