@@ -7,6 +7,7 @@ Options whose per-step state the window cannot reproduce are refused here, at
 startup, with the reason, rather than silently degraded.
 """
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 import vllm.envs as envs
@@ -29,6 +30,9 @@ DEVICE_WINDOW_KEY = "multi_step_device_window"
 STOP_CHECK_KEY = "multi_step_stop_check_interval"
 DEFAULT_STOP_CHECK_INTERVAL = {"cpu": 1}
 DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR = 8
+# The runner the worker side of multi-step decode (vllm/v1/worker/multi_step*.py)
+# drives. vLLM 0.34.0 removed it; windows on Model Runner V2 are not written yet.
+V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # Drafters whose inner-step drafts the window can feed back exactly
 # (vllm/v1/worker/multi_step_spec.py); the others are untested in windows.
 # EAGLE heads and MTP layers share one proposer; EAGLE-3 (auxiliary hidden
@@ -159,6 +163,13 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
     steps = scheduler_config.num_scheduler_steps
     if steps == 1:
         return
+    if importlib.util.find_spec(V1_RUNNER_MODULE) is None:
+        raise ValueError(
+            f"--num-scheduler-steps {steps}: multi-step decode is not available "
+            "on this vLLM yet. Its windows run on Model Runner V1, which this "
+            "release no longer has (removed in vLLM 0.34.0); windows on Model "
+            "Runner V2 are in progress. Use --num-scheduler-steps 1."
+        )
     device_window, stop_check_interval = device_window_options(vllm_config)
     reasons = _unsupported_reasons(vllm_config)
     if reasons:
