@@ -28,6 +28,9 @@ from support.serve_cases import (
     completion,
 )
 
+# Multi-step windows only (skipped, with the reason, on a release that has none).
+pytestmark = pytest.mark.usefixtures("windows")
+
 STEPS = 8
 
 

@@ -45,6 +45,9 @@ from support.parity import (
 from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, assert_same, completion
 from support.venvs import draft_models
 
+# Multi-step windows only (skipped, with the reason, on a release that has none).
+pytestmark = pytest.mark.usefixtures("windows")
+
 # name: (drafter, steps, engine overrides, cases); N = 4: windows of several inner steps
 RUNS = {
     "ngram-N4": ("ngram", 4, {}, SPEC_CASES),

@@ -6,6 +6,7 @@ holds is unchanged (a marker file records the wheel's sha256).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -56,6 +57,24 @@ def release_under_test():
 
     return releases.select(ROOT, os.environ.get(RELEASE_ENV) or None, target=None if os.environ.get(RELEASE_ENV)
                            else "cpu")  # fmt: skip
+
+
+# Our module that runs a window's inner steps: where a release's tree does not take it (its
+# family's runner is gone: contract.toml [families]), that release has no multi-step windows.
+WINDOW_MODULE = "vllm/v1/worker/multi_step.py"
+
+
+@functools.cache
+def release_has_windows() -> bool:
+    """Whether the release under test runs multi-step windows (vLLM 0.34.0 does not yet: the
+    worker side is written for Model Runner V1, which 0.34.0 removed)."""
+    from overlay.contract import tree_reader
+    from overlay.families import left_out
+    from overlay.fetch import Cache
+    from overlay.tree import UPSTREAM_TAG, base_repo
+
+    repo = base_repo(release_under_test().lock(), Cache.locate(None), quiet=True)
+    return WINDOW_MODULE not in left_out(ROOT / "series", tree_reader(repo, UPSTREAM_TAG))
 
 
 def venv_dir(build: str) -> Path:
