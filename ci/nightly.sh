@@ -17,7 +17,7 @@
 #   TEST_CMD      test command             (default: the tool tests and `check`)
 #   REPORT_DIR    where reports go         (default build/nightly)
 #   OVERLAY_ARGS  extra apply.py options   (tests: --series/--cache-dir of a synthetic project)
-# Exit: 0 all passed; 1 a patch conflicts or drifted, the build or the tests failed;
+# Exit: 0 all passed; 1 a patch conflicts, its file is gone or it drifted, the build or the tests failed;
 # 2 bad input; 3 upstream or wheel could not be fetched.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,11 +83,25 @@ done
 python3 apply.py rebase "${extra[@]}" --json --to-commit "$commit" --git-url "$UPSTREAM_URL" \
   "${wheel[@]}" --tree "$REPORT_DIR/tree" --force > "$REPORT_DIR/rebase.json"
 rebase_rc=$?
-completed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("completed", False))' \
-  "$REPORT_DIR/rebase.json" 2>/dev/null || echo False)
-if [ "$completed" != "True" ]; then
-  summarize "upstream_url=$UPSTREAM_URL" "upstream_commit=$commit" "rebase_exit=$rebase_rc"
-  exit $(( rebase_rc == 0 ? 1 : rebase_rc ))
+field() {  # a field of rebase.json, "" where it is absent or null
+  python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print("" if v is None else v)' \
+    "$REPORT_DIR/rebase.json" "$1" 2>/dev/null
+}
+# Every patch gets a status, not only those before the first stop: a patch that conflicts with
+# main or whose file main removed is dropped from this clone's replay (git am --skip), its status
+# kept in the report, and the replay goes on. A series with any such patch is not built.
+stopped=0
+while [ -n "$(field stopped_at)" ] && [ "$stopped" -lt 100 ]; do
+  stopped=$((stopped + 1))
+  git -C "$REPORT_DIR/tree" am --skip >/dev/null 2>&1 || break
+  python3 apply.py rebase "${extra[@]}" --json --continue --tree "$REPORT_DIR/tree" > "$REPORT_DIR/rebase.json"
+  rebase_rc=$?
+done
+if [ "$(field completed)" != "True" ] || [ "$stopped" -gt 0 ]; then
+  summarize "upstream_url=$UPSTREAM_URL" "upstream_commit=$commit" "rebase_exit=$rebase_rc" \
+    "patches_stopped=$stopped"
+  [ "$rebase_rc" -gt 1 ] && exit "$rebase_rc"
+  exit 1
 fi
 
 python3 apply.py build "${extra[@]}" --json --target "$TARGET" --dist "$REPORT_DIR/dist" > "$REPORT_DIR/build.json"

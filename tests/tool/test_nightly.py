@@ -64,18 +64,28 @@ def test_nightly_rebases_builds_tests_and_reports(upstream, tmp_path):
     assert "| 0001-a.patch | clean |" in (tmp_path / "summary.md").read_text()
 
 
-def test_nightly_reports_a_conflict_and_fails(upstream, tmp_path):
-    repo, head, index = _setup(upstream, tmp_path, ENGINE.replace("x + 5\n", "x + 6\n"))
-    before = (upstream.root / "upstream.lock").read_bytes()
+def test_nightly_reports_every_patch_past_a_conflict_and_a_gone_file_and_fails(upstream, tmp_path):
+    """Main conflicts with 0001 and removed 0002's file: each patch still gets its status
+    (0003 after both), and a series that lost patches is not built."""
+    extra, e = "def extra():\n    return 0\n", ENGINE
+    upstream.add_patch("0001-a.patch", file_patch("vllm/engine.py", e, e.replace("x + 5\n", "x + 500\n"), "a"))
+    upstream.add_patch("0002-b.patch", file_patch("vllm/extra.py", extra, extra + "# b\n", "b"))
+    upstream.add_patch("0003-c.patch", file_patch("setup.py", SOURCE["setup.py"], SOURCE["setup.py"] + "# c\n", "c"))
+    repo = tmp_path / "upstream-git"
+    v1 = git_commit(repo, {**SOURCE, "vllm/extra.py": extra}, "v1")
+    pin_git(upstream, str(repo), v1)
+    head = git_commit(repo, {"vllm/engine.py": ENGINE.replace("x + 5\n", "x + 6\n"), "vllm/extra.py": None}, "main")
+    index = LocalIndex(tmp_path / "wheels", [upstream.wheel], prefix=head)
     try:
         proc, report = _nightly(upstream, repo, index.base, tmp_path / "nightly")
     finally:
         index.close()
     assert proc.returncode == errors.PATCH_FAILED, proc.stdout + proc.stderr
     patches = report["stages"]["rebase"]["patches"]
-    assert [(p["patch"], p["status"]) for p in patches] == [("0001-a.patch", "conflict")]
-    assert "build_exit" not in report
-    assert (upstream.root / "upstream.lock").read_bytes() == before
+    assert [(p["patch"], p["status"]) for p in patches] == [
+        ("0001-a.patch", "conflict"), ("0002-b.patch", "target-gone"), ("0003-c.patch", "clean")]
+    assert report["patches_stopped"] == 2 and "build_exit" not in report
+    assert "| 0002-b.patch | target-gone |" in (tmp_path / "summary.md").read_text()
 
 
 def test_nightly_without_a_wheel_for_the_commit_is_a_fetch_failure(upstream, tmp_path):
