@@ -56,13 +56,13 @@ def test_figures_check_sees_a_changed_result(tmp_path):
         (folder / path.name).write_bytes(path.read_bytes())
     readme = tmp_path / "README.md"
     readme.write_text((ROOT / "README.md").read_text())
-    changed = json.loads((folder / "serve_tiny_N4.json").read_text())
-    changed["summary"]["overlay_over_upstream"]["output_throughput"] = 3.0
-    (folder / "serve_tiny_N4.json").write_text(json.dumps(changed))
+    changed = json.loads((folder / "device_window_tiny_2026-12-03.json").read_text())
+    changed["summary"]["vs_upstream"]["overlay N=8"] = 3.0
+    (folder / "device_window_tiny_2026-12-03.json").write_text(json.dumps(changed))
     argv = ["--readme", str(readme), "--results", str(folder), "--no-plot"]
     assert _figures([*argv, "--check"]) == 1
     assert _figures(argv) == 0
-    assert "| **3.00x** / **2.01x**; median TPOT" in readme.read_text()
+    assert "| 1.33x / **3.00x** / **2.12x** (4496 tok/s upstream);" in readme.read_text()
     assert _figures([*argv, "--check"]) == 0
 
 
