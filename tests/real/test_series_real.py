@@ -43,16 +43,22 @@ def own_names(release) -> set[str]:
 
 
 def test_design_doc_patch_table_counts_the_upstream_lines_each_patch_touches():
-    """Each row of the patch table in docs/design.md ("The patches") names its patch and the lines
-    it adds and removes per file."""
+    """Each row of the patch table in docs/design.md ("The patches") names a patch of some supported
+    release, the releases that take it, and the lines it adds and removes per file as written for
+    the newest of them."""
     rows = [line for line in (ROOT / "docs" / "design.md").read_text().splitlines() if line.startswith("| `00")]
-    patches = seriesmod.load(ROOT / "series").patches
-    assert len(rows) == len(patches)
-    for row, patch in zip(rows, patches, strict=True):
-        name, touched = (cell.strip() for cell in row.split("|")[1:3])
-        assert patch.name.startswith(name.strip("`")), (name, patch.name)
-        expected = ", ".join(f"`{f.removeprefix('vllm/')}` +{a} -{r}" for f, a, r in patch.touched())
-        assert touched == expected, patch.name
+    newest, takers = {}, {}
+    for release in releases.supported(ROOT):  # the primary first, then newest first
+        for patch in seriesmod.load(ROOT / "series", release.own_patches).patches:
+            newest.setdefault(patch.name, patch)
+            takers.setdefault(patch.name, []).append(release.version)
+    assert len(rows) == len(newest)
+    for row, name in zip(rows, sorted(newest), strict=True):
+        short, taken_by, touched = (cell.strip() for cell in row.split("|")[1:4])
+        assert name.startswith(short.strip("`")), (short, name)
+        assert taken_by == ", ".join(takers[name]), name
+        expected = ", ".join(f"`{f.removeprefix('vllm/')}` +{a} -{r}" for f, a, r in newest[name].touched())
+        assert touched == expected, name
 
 
 def test_patches_change_only_upstream_files():
