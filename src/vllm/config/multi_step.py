@@ -122,7 +122,8 @@ def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
         reasons.append("data parallelism (ranks would run different step counts)")
     if vllm_config.kv_transfer_config is not None:
         reasons.append("KV transfer connectors")
-    if envs.VLLM_USE_V2_MODEL_RUNNER:
+    # (gone from vllm.envs where Model Runner V2 is the only runner: vLLM 0.34.0)
+    if getattr(envs, "VLLM_USE_V2_MODEL_RUNNER", None):
         reasons.append("VLLM_USE_V2_MODEL_RUNNER=1 (multi-step runs on the V1 runner)")
     if vllm_config.attention_config.hisparse_config is not None:
         reasons.append("HiSparse attention (needs the V2 model runner)")

@@ -8,6 +8,7 @@ whole window, num_computed_tokens by processed positions, stop checks token by
 token, and the async placeholders.
 """
 
+import dataclasses
 from collections import deque
 
 import pytest
@@ -44,10 +45,13 @@ def _output(
             else 1
         )
         sampled.append((tokens or {}).get(req_id, [TOKEN] * steps))
+    # vLLM 0.34.0 finds a request's row by req_ids alone (req_id_to_index is gone)
+    index = {"req_id_to_index": {req_id: i for i, req_id in enumerate(req_ids)}}
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
     return ModelRunnerOutput(
         req_ids=req_ids,
-        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
         sampled_token_ids=sampled,
+        **{k: v for k, v in index.items() if k in fields},
     )
 
 
