@@ -17,7 +17,7 @@ import pytest
 from support import fuzz
 
 # Runs on every supported release (apply.py test): each release's own builds.
-pytestmark = pytest.mark.every_release
+pytestmark = [pytest.mark.every_release, pytest.mark.engine_parity]
 
 
 @pytest.fixture(scope="module")
