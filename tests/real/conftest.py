@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 from support.venvs import overlay_wheel as build_overlay_wheel
-from support.venvs import RELEASE_ENV, release_has_windows, release_under_test, tiny_model, venv_dir, vllm_venv
+from support.venvs import (
+    INTERPRETER,
+    RELEASE_ENV,
+    release_has_windows,
+    release_under_test,
+    tiny_model,
+    venv_dir,
+    vllm_venv,
+)
 from support.venvs import upstream_wheel as fetch_upstream_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +71,22 @@ def upstream_wheel() -> Path:
 @pytest.fixture(scope="session")
 def overlay_wheel() -> Path:
     return build_overlay_wheel()
+
+
+@pytest.fixture(scope="session")
+def interpreter_pythons() -> dict[str, Path]:
+    """Both builds on the interpreter base (Model Runner V2's own code, its Triton kernels
+    interpreted), for a release whose x86 CPU backend needs triton-cpu; skips elsewhere."""
+    from packaging.version import Version
+    from support.cpu_bases import TRITON_CPU_FROM
+
+    release = release_under_test()
+    if Version(release.version) < Version(TRITON_CPU_FROM):
+        pytest.skip(f"vLLM {release.version} runs no Model Runner V2 on CPU without triton-cpu: no interpreter base")
+    return {
+        "upstream": vllm_venv(venv_dir("upstream", INTERPRETER), fetch_upstream_wheel(INTERPRETER)),
+        "overlay": vllm_venv(venv_dir("overlay", INTERPRETER), build_overlay_wheel(INTERPRETER)),
+    }
 
 
 @pytest.fixture(scope="session")

