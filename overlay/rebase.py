@@ -258,6 +258,10 @@ def resume(tree: Path) -> RebaseResult:
     """``--continue``: take the maintainer's resolution of the stopped patch, go on."""
     rb = Rebase(tree).load()
     i = rb.state.next
+    if i == len(rb.state.steps):
+        # Every patch is through, but the last attempt refused to finish (a kept release still
+        # needs a dropped patch, the series was edited meanwhile): try the finish again.
+        return _finish(rb)
     step = rb.state.steps[i]
     if step.status not in STOPS:
         # Interrupted while replaying this patch: undo whatever part of it happened, replay it.
@@ -402,7 +406,8 @@ def _finish(rb: Rebase) -> RebaseResult:
     if edited or load_series(series_path, own).sha256 != st.series_before:
         raise InputError(
             f"{series_path}, patches/ or {lock_path} changed since the rebase started; not overwriting them. "
-            f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
+            f"The rebased branch is in {rb.tree}: put them back and `rebase --continue`, export the branch by "
+            "hand, or `rebase --abort`"
         )
     new_lock = lockmod.loads(st.new_lock)
     project = series_path.parent
@@ -415,7 +420,8 @@ def _finish(rb: Rebase) -> RebaseResult:
             raise InputError(
                 f"{', '.join(dropped)} left the series on vLLM {new_lock.version}, but the series is shared and "
                 f"vLLM {', '.join(v for v, _l, _t in kept)} still need(s) it: drop those releases first "
-                f"(`apply.py releases --drop VERSION`), or keep the patch. The rebased branch is in {rb.tree}"
+                f"(`apply.py releases --drop VERSION`), then `rebase --continue`; or keep the patch. The rebased "
+                f"branch is in {rb.tree}"
             )
         changes = _export_atomically(rb.tree, series_path)
         lockmod.dump(new_lock, lock_path)

@@ -151,3 +151,12 @@ def test_a_patch_another_release_needs_cannot_leave_the_series(two_releases, tmp
     assert code == errors.BAD_INPUT, out
     assert "0002-twenty.patch left the series on vLLM 3.0.0" in out["error"] and "1.0.0 still need" in out["error"]
     assert snapshot(two_releases.root) == before
+    # --continue re-attempts the finish: refused again while 1.0.0 is kept, done once it is dropped
+    code, out = run_json("rebase", *two_releases.args(), "--continue", "--tree", str(tmp_path / "t3"))
+    assert code == errors.BAD_INPUT and "1.0.0 still need" in out["error"], out
+    assert snapshot(two_releases.root) == before
+    assert run_tool("releases", *two_releases.args(), "--drop", "1.0.0").returncode == errors.OK
+    code, out = run_json("rebase", *two_releases.args(), "--continue", "--tree", str(tmp_path / "t3"))
+    assert code == errors.PATCH_FAILED and out["completed"], out  # done; the patch that left needs review
+    assert list(_releases(two_releases)) == ["3.0.0"]
+    assert two_releases.series.read_text().split("\n")[1:-1] == ["0001-ten.patch"]
