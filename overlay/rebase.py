@@ -39,10 +39,10 @@ from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
-from overlay.maintain import BRANCH, am_series, export, new_tree
+from overlay.maintain import BRANCH, PATCH_DIR, am_series, export, export_into, new_tree, staged, write_own_patches
 from overlay.modules import SRC_DIR
 from overlay.patching import conflict_result, hunk_offsets, run_series
-from overlay.series import Patch, Series, parse_series_text, strip_prefix
+from overlay.series import Patch, Series, strip_prefix
 from overlay.series import load as load_series
 from overlay.tree import UPSTREAM_TAG
 
@@ -423,9 +423,12 @@ def _finish(rb: Rebase) -> RebaseResult:
                 f"(`apply.py releases --drop VERSION`), then `rebase --continue`; or keep the patch. The rebased "
                 f"branch is in {rb.tree}"
             )
-        changes = _export_atomically(rb.tree, series_path)
-        lockmod.dump(new_lock, lock_path)
-        changes += _keep_releases(project, kept)
+        inside = lock_path.parent == project
+        written = (series_path.name, PATCH_DIR, SRC_DIR, releases.RELEASES_DIR, *([lock_path.name] if inside else []))
+        with staged(project, written) as stage:
+            changes = export_into(rb.tree, stage / series_path.name)
+            lockmod.dump(new_lock, stage / lock_path.name if inside else lock_path)
+            changes += _keep_releases(stage, kept)
     after = load_series(series_path)  # the rebased series: its src/ is what the contract concerns
     result = rb.result(completed=True)
     result.changes, result.series_after = changes, after.sha256
@@ -451,25 +454,13 @@ def _keep_releases(project: Path, kept: list[tuple[str, str, dict]]) -> list[tup
     """After the primary moved: each kept release's own patches are those whose change
     differs from the new shared files (its pin written for the old primary)."""
     changes = []
-    shared = project / "patches"
     for version, lock_text, texts in kept:
         folder = project / releases.RELEASES_DIR / version
-        own = folder / "patches"
-        (own).mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         if not (folder / releases.LOCK_NAME).exists():
             (folder / releases.LOCK_NAME).write_text(lock_text)
             changes.append((f"{releases.RELEASES_DIR}/{version}/{releases.LOCK_NAME}", "added"))
-        for name, data in texts.items():
-            dest = own / name
-            if releases.same_change((shared / name).read_bytes(), data):
-                if dest.exists():
-                    dest.unlink()
-                    changes.append((f"{releases.RELEASES_DIR}/{version}/patches/{name}", "shared"))
-            elif not dest.exists() or dest.read_bytes() != data:
-                dest.write_bytes(data)
-                changes.append((f"{releases.RELEASES_DIR}/{version}/patches/{name}", "own"))
-        if not any(own.iterdir()):
-            own.rmdir()
+        changes += write_own_patches(texts, project / PATCH_DIR, folder / "patches")
     return changes
 
 
@@ -486,33 +477,4 @@ def _finish_other_release(tree: Path, series_path: Path, old_version: str, new_l
         os.replace(staging, base / new_lock.version)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return changes
-
-
-def _export_atomically(tree: Path, series_path: Path) -> list[tuple[str, str]]:
-    """Export into a staging copy, then move each changed file into place atomically."""
-    patch_dir = series_path.parent / "patches"
-    with tempfile.TemporaryDirectory(dir=series_path.parent, prefix=".rebase-export-") as tmp:
-        staging = Path(tmp) / series_path.name
-        shutil.copyfile(series_path, staging)
-        (Path(tmp) / "patches").mkdir()
-        old = parse_series_text(series_path.read_text(), str(series_path))
-        for name in old:
-            shutil.copyfile(patch_dir / name, Path(tmp) / "patches" / name)
-        src, staged_src = series_path.parent / SRC_DIR, Path(tmp) / SRC_DIR
-        if src.exists():
-            shutil.copytree(src, staged_src)
-        changes = export(tree, staging)
-        patches = [(name, change) for name, change in changes if "/" not in name]  # the rest: src/...
-        for name, change in patches:
-            if change in ("added", "changed"):
-                os.replace(Path(tmp) / "patches" / name, patch_dir / name)
-        os.replace(staging, series_path)
-        for name, change in patches:
-            if change == "removed":
-                (patch_dir / name).unlink(missing_ok=True)
-        if len(patches) < len(changes):  # src/ changed: swap the whole folder in
-            if src.exists():
-                os.replace(src, Path(tmp) / "src-before")
-            os.replace(staged_src, src)
     return changes
