@@ -12,7 +12,8 @@ Commands, in the order a user meets them:
   export    write the maintainer tree back: new files to src/, changes to upstream files to
             patches/ and series
   test      run the test suite (pytest on every supported release; [--upstream VERSION] and
-            pytest arguments: on that one release)
+            pytest arguments: on that one release); --fast: the tool's tests and our src/tests
+            unit tests, no engine
   fuzz      differential fuzzing against the upstream wheel: seeded random mixed batches on both
             builds, compared token for token (--minutes M, --report FILE; `fuzz --help` for the
             rest)
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -522,6 +524,9 @@ def cmd_bisect(args) -> int:
 TEST_RELEASE_ENV = "OVERLAY_TEST_UPSTREAM"
 # What runs on each supported release besides the default one (pytest.ini's marker).
 EVERY_RELEASE = "every_release"
+# `test --fast`: the tool's tests, then our src/tests unit tests in the overlay venv (no engine).
+TOOL_TESTS = "tests/tool"
+SRC_UNIT_TESTS = ROOT / "tests" / "src_unit_tests.py"
 
 
 def cmd_test(args) -> int:
@@ -531,6 +536,8 @@ def cmd_test(args) -> int:
     release). Without: the whole suite on the default release, then the tests
     marked every_release on each other supported release.
     """
+    if args.fast:
+        return _fast_tests(args.upstream, args.passed_on)
     worst = 0
     for version, pytest_args in _test_runs(args.upstream, args.passed_on):
         print(f"== tests on vLLM {version}: pytest {' '.join(pytest_args)}", flush=True)
@@ -554,6 +561,33 @@ def _test_runs(version: str | None, pytest_args: list[str]) -> list[tuple[str, l
 def _pytest(version: str, pytest_args: list[str]) -> int:
     env = {**os.environ, TEST_RELEASE_ENV: version}
     return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
+
+
+def _fast_tests(version: str | None, pytest_args: list[str]) -> int:
+    """The tool's tests and, beside them, our src/tests unit tests (tests/src_unit_tests.py, its
+    output shown when the tool tests are done): the two take about as long, so side by side."""
+    from overlay import releases
+
+    release = releases.select(ROOT, version, target=None if version else "cpu").version
+    env = {**os.environ, TEST_RELEASE_ENV: release}
+    print(f"== test --fast on vLLM {release}: {TOOL_TESTS}, and our src/tests unit tests beside them", flush=True)
+    start = time.monotonic()
+    with tempfile.TemporaryFile("w+") as log:
+        # niced: the tool tests are the longer part, so they get the CPU first
+        units = subprocess.Popen(["nice", "-n", "10", sys.executable, str(SRC_UNIT_TESTS), *pytest_args], cwd=ROOT,
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        tool = subprocess.run([sys.executable, "-m", "pytest", TOOL_TESTS, *pytest_args], cwd=ROOT, env=env)
+        tool_s = time.monotonic() - start
+        units.wait()
+        log.seek(0)
+        print(f"== src/tests unit tests:\n{log.read()}", end="", flush=True)
+    print(f"== test --fast: tool tests {_outcome(tool.returncode)} in {tool_s:.0f} s, src/tests unit tests "
+          f"{_outcome(units.returncode)}; {time.monotonic() - start:.0f} s in all", flush=True)  # fmt: skip
+    return tool.returncode or units.returncode
+
+
+def _outcome(code: int) -> str:
+    return "passed" if code == 0 else f"FAILED (exit {code})"
 
 
 def cmd_fuzz(args) -> int:
@@ -614,13 +648,16 @@ COMMANDS = (
     ),
     Command(
         "test", "run the test suite (pytest on every supported release; [--upstream VERSION] and pytest "
-        "arguments: on that one release)",
+        "arguments: on that one release); --fast: the tool's tests and our src/tests unit tests, no engine",
         cmd_test,
         "Run the test suite with pytest; arguments this command does not know go to pytest.",
         options=(
             arg("--upstream", metavar="VERSION", default=None,
-                help="the supported vLLM release to test (default: every one; with pytest arguments, the newest "
-                "with a CPU wheel)"),
+                help="the supported vLLM release to test (default: every one; with pytest arguments or --fast, "
+                "the newest with a CPU wheel)"),
+            arg("--fast", action="store_true",
+                help="only tests/tool and our src/tests unit tests (in build/venvs/overlay, made if missing); "
+                "no engine starts"),
         ),
         common=False, passes_on="pytest",
     ),

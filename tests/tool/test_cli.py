@@ -165,3 +165,24 @@ def test_fuzz_takes_upstream_and_passes_the_rest_and_help_on(monkeypatch):
 def test_unknown_release_for_test_is_bad_input():
     proc = run_tool("test", "--upstream", "9.9.9", "tests/tool")
     assert proc.returncode == errors.BAD_INPUT and "9.9.9" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fast_runs_the_tool_tests_and_our_unit_tests_with_the_same_arguments(monkeypatch):
+    runs = _record_runs(monkeypatch)
+    started = []
+
+    class Popen:
+        def __init__(self, cmd, **kw):
+            started.append((cmd, kw["env"]))
+            self.returncode = 0
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(cli.subprocess, "Popen", Popen)
+    version = _a_release()
+    assert cli.main(["test", "--fast", "--upstream", version, "-x"]) == errors.OK
+    [(tool, tool_env)], [(units, units_env)] = runs, started
+    assert tool[-3:] == ["pytest", cli.TOOL_TESTS, "-x"]
+    assert units[-2:] == [str(cli.SRC_UNIT_TESTS), "-x"]
+    assert tool_env[cli.TEST_RELEASE_ENV] == units_env[cli.TEST_RELEASE_ENV] == version
