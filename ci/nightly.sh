@@ -18,7 +18,8 @@
 #   REPORT_DIR    where reports go         (default build/nightly)
 #   OVERLAY_ARGS  extra apply.py options   (tests: --series/--cache-dir of a synthetic project)
 # Exit: 0 all passed; 1 a patch conflicts, its file is gone or it drifted, the build or the tests failed;
-# 2 bad input; 3 upstream or wheel could not be fetched.
+# otherwise the failing apply.py command's code (the table in overlay/errors.py): 2 bad
+# input, 3 upstream or wheel could not be fetched, 5 git failed, 70 internal error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 UPSTREAM_URL=${UPSTREAM_URL:-https://github.com/vllm-project/vllm}

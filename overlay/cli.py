@@ -1,18 +1,47 @@
-"""Command line: fetch, check, apply, export, build, test, rebase, bisect, fuzz.
+"""Command line. Each command is declared once, in ``COMMANDS`` at the end of this file
+(name, help, options, handler); the parser, ``--help`` and this list come from it
+(tests/tool/test_cli.py checks this list against the table).
 
-Exit codes: 0 ok; 1 a patch conflicts, drifts or is already upstream;
-2 bad input (series, lock, patch file, arguments); 3 download or checksum
-failure; 4 build refused (the series cannot be laid over a binary wheel);
-130 interrupted.
+Commands, in the order a user meets them:
+  build     fetch what is missing, apply the series, write the wheel to dist/
+  fetch     download and verify the pinned source and binary wheel(s) into the cache
+  check     dry-run the series on a scratch tree; fail on any conflict, offset drift, patch
+            already upstream, or patch header without trailers
+  apply     create the maintainer tree (build/tree, branch 'patched': a commit laying in src/,
+            then one commit per patch)
+  export    write the maintainer tree back: new files to src/, changes to upstream files to
+            patches/ and series
+  test      run the test suite (pytest on every supported release; [--upstream VERSION] and
+            pytest arguments: on that one release); --fast: the tool's tests and our src/tests
+            unit tests, no engine
+  fuzz      differential fuzzing against the upstream wheel: seeded random mixed batches on both
+            builds, compared token for token (--minutes M, --report FILE; `fuzz --help` for the
+            rest)
+  rebase    replay the series onto a new upstream release or commit (3-way), per-patch status
+            and drift; --continue / --abort after a conflict
+  releases  list the supported vLLM releases (--upstream VERSION picks one for any command);
+            --drop VERSION stops supporting one
+  bisect    find the first upstream commit that breaks the series (or a patch, or a test
+            command)
+
+Exit codes: ``overlay/errors.py`` (``EXIT_CODES``), shown by ``apply.py --help``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import subprocess
 import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from overlay import ROOT, errors, report
 from overlay import __version__ as OVERLAY_VERSION
@@ -29,239 +58,182 @@ files over the pinned binary wheel and writes dist/<name>-<version>+ovl...whl;
 install it with pip.
 """
 
-EPILOG = """\
-commands, in the order a user meets them:
-  build     fetch what is missing, apply the series, write the wheel to dist/
-  fetch     download and verify the pinned source and binary wheel(s) into the cache
-  check     dry-run the series on a scratch tree; fail on any conflict, offset
-            drift, patch already upstream, or patch header without trailers
-  apply     create the maintainer tree (build/tree, branch 'patched': a commit laying in
-            src/, then one commit per patch)
-  export    write the maintainer tree back: new files to src/, changes to upstream
-            files to patches/ and series
-  test      run the test suite (pytest; extra arguments go to pytest)
-  fuzz      differential fuzzing against the upstream wheel: seeded random mixed
-            batches on both builds, compared token for token (--minutes M,
-            --report FILE; `fuzz --help` for the rest)
-  rebase    replay the series onto a new upstream release or commit (3-way),
-            per-patch status and drift; --continue / --abort after a conflict
-  releases  list the supported vLLM releases (--upstream VERSION picks one for any
-            command); --drop VERSION stops supporting one
-  bisect    find the first upstream commit that breaks the series (or a patch,
-            or a test command)
 
-exit codes: 0 ok, 1 patch failed, 2 bad input, 3 fetch/checksum failed,
-4 build refused, 130 interrupted
-"""
+@dataclass(frozen=True)
+class Arg:
+    """One ``add_argument`` call."""
+
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+
+
+def arg(*flags: str, **options: Any) -> Arg:
+    return Arg(flags, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str  # one line for --help's command list (and this module's docstring)
+    run: Callable[[argparse.Namespace], int]
+    description: str = ""
+    options: tuple[Arg, ...] = ()
+    one_of: tuple[Arg, ...] = ()  # exactly one of these is required
+    common: bool = True  # takes COMMON (--series, --upstream, --json, ...)
+    # Where arguments the command does not know go ("pytest"; none: they are an error).
+    passes_on: str = ""
+    own_help: bool = True  # False: --help goes on too (fuzz.py's own)
+
+
+UPSTREAM = arg("--upstream", metavar="VERSION", default=None,
+               help="which supported vLLM release (`apply.py releases` lists them; default: for build and fetch "
+               "the newest with a binary wheel for the target, else the primary release)")  # fmt: skip
+# Options every command of the series takes.
+COMMON = (
+    arg("--series", type=Path, default=ROOT / "series",
+        help="series file; patches are read from patches/ beside it (default: %(default)s)"),
+    UPSTREAM,
+    arg("--lock", type=Path, default=None,
+        help="a lock file to use instead of the supported releases' (default: upstream.lock beside the series, "
+        "or releases/VERSION/upstream.lock with --upstream)"),
+    arg("--cache-dir", default=None,
+        help="download and base-tree cache (default: $VLLM_OVERLAY_CACHE or ~/.cache/vllm-overlay)"),
+    arg("--json", action="store_true", help="print a JSON report on stdout"),
+    arg("-q", "--quiet", action="store_true", help="no progress output"),
+)  # fmt: skip
+
+
+def _tree_option(where: str, what: str) -> Arg:
+    return arg("--tree", type=Path, default=ROOT / "build" / where, help=f"{what} (default: %(default)s)")
+
+
+FORCE_TREE = arg("--force", action="store_true", help="replace an existing tree (it may hold unexported work)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="apply.py", description=DESCRIPTION, epilog=EPILOG,
+    p = argparse.ArgumentParser(prog="apply.py", description=DESCRIPTION, epilog=_epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--version", action="version", version=f"vllm-overlay {OVERLAY_VERSION}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="command")
-
-    common = _common_options()
-    for add in (_add_build, _add_fetch, _add_check, _add_apply, _add_export, _add_rebase, _add_releases,
-                _add_bisect):  # fmt: skip
-        add(sub, common)
-    sub.add_parser("test", help="run the test suite on every supported release ([--upstream VERSION] and "
-                   "arguments after it go to pytest, on that one release)", add_help=False)  # fmt: skip
-    sub.add_parser("fuzz", help="fuzz the overlay against upstream (tests/support/fuzz.py)", add_help=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="command", help="one of those listed below")
+    for command in COMMANDS:
+        _add_command(sub, command)
     return p
 
 
-def _common_options() -> argparse.ArgumentParser:
-    """Options every command takes (a parent parser)."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--series",
-        type=Path,
-        default=ROOT / "series",
-        help="series file; patches are read from patches/ beside it (default: %(default)s)",
-    )
-    common.add_argument(
-        "--upstream",
-        metavar="VERSION",
-        default=None,
-        help="which supported vLLM release (`apply.py releases` lists them; default: for build and fetch "
-        "the newest with a binary wheel for the target, else the primary release)",
-    )
-    common.add_argument("--lock", type=Path, default=None,
-                        help="a lock file to use instead of the supported releases' (default: upstream.lock "
-                        "beside the series, or releases/VERSION/upstream.lock with --upstream)")  # fmt: skip
-    common.add_argument(
-        "--cache-dir",
-        default=None,
-        help="download and base-tree cache (default: $VLLM_OVERLAY_CACHE or ~/.cache/vllm-overlay)",
-    )
-    common.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-
-    return common
+def _add_command(sub, command: Command) -> None:
+    usage = f"apply.py {command.name} [options] [{command.passes_on} arguments]" if command.passes_on else None
+    c = sub.add_parser(command.name, description=command.description or command.help, usage=usage,
+                       add_help=command.own_help, allow_abbrev=not command.passes_on)  # fmt: skip
+    for a in (*(COMMON if command.common else ()), *command.options):
+        c.add_argument(*a.flags, **a.options)
+    if command.one_of:
+        group = c.add_mutually_exclusive_group(required=True)
+        for a in command.one_of:
+            group.add_argument(*a.flags, **a.options)
 
 
-def _add_build(sub, common: argparse.ArgumentParser) -> None:
-    b = sub.add_parser(
-        "build",
-        parents=[common],
-        help="build the patched wheel into dist/",
-        description="Fetch what is missing, apply the series and write the wheel.",
-    )
-    b.add_argument(
-        "--target",
-        choices=lockmod.TARGETS,
-        default=None,
-        help="which binary wheel to extend (default: cuda where a GPU is present, else cpu)",
-    )
-    b.add_argument("--dist", type=Path, default=ROOT / "dist", help="output folder (default: %(default)s)")
+def command_list() -> str:
+    """The commands with their help line, as --help's epilog and the module docstring show them."""
+    width = max(len(c.name) for c in COMMANDS) + 2
+    lines = []
+    for c in COMMANDS:
+        lines += textwrap.wrap(c.help, 96, initial_indent=f"  {c.name:<{width}}", subsequent_indent=" " * (width + 2))
+    return "\n".join(lines)
 
 
-def _add_fetch(sub, common: argparse.ArgumentParser) -> None:
-    f = sub.add_parser(
-        "fetch",
-        parents=[common],
-        help="download and verify pinned artifacts",
-        description="Download the pinned source and wheels into the cache, verifying sha256.",
-    )
-    f.add_argument(
-        "--target",
-        choices=(*lockmod.TARGETS, "all"),
-        default=None,
-        help="which binary wheel(s) to fetch besides the source (default: this machine's)",
-    )
-
-
-def _add_check(sub, common: argparse.ArgumentParser) -> None:
-    c = sub.add_parser(
-        "check",
-        parents=[common],
-        help="dry-run the series strictly on a scratch tree",
-        description="Apply the series (src/, then the patches) to a scratch copy of the pin. Fails on any "
-        "conflict, offset drift, patch already upstream, missing header trailer, or an upstream name "
-        "contract.toml lists that the patched tree lacks.",
-    )
-    c.add_argument(
-        "--drift-from",
-        type=Path,
-        default=None,
-        metavar="LOCK",
-        help="also flag drift: a function or class a hunk hooks that changed between this "
-        "older pin and the current one, even when the patch applies",
-    )
-
-
-def _add_apply(sub, common: argparse.ArgumentParser) -> None:
-    a = sub.add_parser(
-        "apply",
-        parents=[common],
-        help="create the maintainer tree",
-        description="Create a git checkout of the pin on branch 'patched' (tag 'upstream' marks the "
-        "base): one commit laying in src/, then one commit per patch.",
-    )
-    a.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="where (default: %(default)s)")
-    a.add_argument("--force", action="store_true", help="replace an existing tree (loses unexported work)")
-
-
-def _add_export(sub, common: argparse.ArgumentParser) -> None:
-    e = sub.add_parser(
-        "export",
-        parents=[common],
-        help="write src/, patches/ and series from the tree",
-        description="Export upstream..HEAD of the maintainer tree: the files it adds to src/, its "
-        "changes to upstream files as patches; deterministic, so an unchanged branch rewrites no byte.",
-    )
-    e.add_argument("--tree", type=Path, default=ROOT / "build" / "tree", help="which tree (default: %(default)s)")
-
-
-def _add_rebase(sub, common: argparse.ArgumentParser) -> None:
-    r = sub.add_parser(
-        "rebase",
-        parents=[common],
-        help="replay the series onto a new upstream (3-way)",
-        description="Replay the series onto a new vLLM release or commit with git's 3-way merge and "
-        "report each patch (clean, merged-3way, conflict, already-upstream, target-gone) and its "
-        "drift. Stops at the first conflict with the tree left for resolution. On success the "
-        "lock, series and patches/ are rewritten; until then they are not touched.",
-    )
-    to = r.add_mutually_exclusive_group(required=True)
-    to.add_argument("--to", metavar="VERSION", help="a release: its sdist from the package index")
-    to.add_argument("--to-commit", metavar="SHA", help="a commit of --git-url")
-    to.add_argument("--continue", dest="resume", action="store_true", help="resume after resolving a stop")
-    to.add_argument("--abort", action="store_true", help="drop the rebase and its tree")
-    r.add_argument("--add", action="store_true",
-                   help="keep the current primary release supported beside the new one (its pin and, where its "
-                   "hunks differ, its own patches go to releases/VERSION/); default: the new pin replaces "
-                   "it")  # fmt: skip
-    r.add_argument("--git-url", help="repository of --to-commit")
-    r.add_argument("--upstream-version", help="version to record for --to-commit (default: from the wheel, "
-                   "else the last release tag)")  # fmt: skip
-    r.add_argument("--wheel", action="append", default=[], metavar="TARGET=URL",
-                   help="binary wheel for --to-commit by URL (sha256 recorded from the download)")  # fmt: skip
-    r.add_argument("--wheel-index", action="append", default=[], metavar="TARGET=URL",
-                   help="find the --to-commit wheel on a simple index, e.g. vLLM's per-commit "
-                   "https://wheels.vllm.ai/<commit>/ (sha256 recorded from the download)")  # fmt: skip
-    r.add_argument("--tree", type=Path, default=ROOT / "build" / "rebase", help="rebase tree (default: %(default)s)")
-    r.add_argument("--force", action="store_true", help="replace an existing rebase tree that holds no rebase")
-
-
-def _add_releases(sub, common: argparse.ArgumentParser) -> None:
-    r = sub.add_parser(
-        "releases",
-        parents=[common],
-        help="list the supported vLLM releases, or drop one",
-        description="List the supported vLLM releases (the primary, whose hunks patches/ holds, then the "
-        "others under releases/) with their commit, binary wheels and own patches; --drop removes one.",
-    )
-    r.add_argument("--drop", metavar="VERSION", help="stop supporting this release (not the primary)")
-
-
-def _add_bisect(sub, common: argparse.ArgumentParser) -> None:
-    bi = sub.add_parser(
-        "bisect",
-        parents=[common],
-        help="find the first upstream commit that breaks the series",
-        description="Binary search over the first-parent history good..bad of --git-url for the first "
-        "commit where the series (or the series up to --patch) stops applying, or, with --test, "
-        "where the command fails in the patched tree.",
-    )
-    bi.add_argument("--git-url", required=True, help="upstream repository (URL or path)")
-    bi.add_argument("--good", required=True, help="a commit where the series applies (and the test passes)")
-    bi.add_argument("--bad", required=True, help="a later commit where it does not")
-    bi.add_argument("--patch", help="only the series up to and including this patch")
-    bi.add_argument("--test", help="shell command run in the patched tree; non-zero exit = broken (125: skip)")
+def _epilog() -> str:
+    return f"commands, in the order a user meets them:\n{command_list()}\n\n{errors.help_epilog()}"
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["test"]:
-        return _run_tests(argv[1:])
-    if argv[:1] == ["fuzz"]:
-        return _run_fuzzer(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    command = next(c for c in COMMANDS if c.name == args.command)
+    if extra and not command.passes_on:
+        parser.parse_args(argv)  # argparse's own "unrecognized arguments" message and exit code
+    args.passed_on = extra
+    return _run_guarded(command, args)
+
+
+def _run_guarded(command: Command, args: argparse.Namespace) -> int:
+    """Run a command; turn each way it can fail into its message and exit code (overlay/errors.py)."""
     try:
-        return COMMANDS[args.command](args)
+        return command.run(args)
     except OverlayError as e:
         return _fail(args, e)
     except KeyboardInterrupt:
-        print("interrupted; nothing was left half-written", file=sys.stderr)
-        return errors.INTERRUPTED
-    except subprocess.CalledProcessError as e:  # a git step the tool did not expect to fail
-        print(f"error: {' '.join(map(str, e.cmd))} failed:\n{e.stderr}", file=sys.stderr)
-        return errors.BAD_INPUT
+        return _report_error(args, "interrupted; every file the tool writes is staged and moved into place, so "
+                             "none was left half-written", errors.INTERRUPTED)  # fmt: skip
+    except subprocess.CalledProcessError as e:
+        if _is_git(e):
+            return _git_failed(args, e)
+        return _internal_error(args, command.name)
+    except Exception:
+        return _internal_error(args, command.name)
+
+
+def _is_git(e: subprocess.CalledProcessError) -> bool:
+    cmd = e.cmd if isinstance(e.cmd, list | tuple) else str(e.cmd).split()
+    return bool(cmd) and Path(str(cmd[0])).name == "git"
+
+
+def _git_failed(args, e: subprocess.CalledProcessError) -> int:
+    """A git step the tool expected to succeed failed: git's own words, and not "bad input"."""
+    where = f" in {e.cwd}" if getattr(e, "cwd", None) else ""
+    stderr = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+    message = (f"error: git failed{where} (exit {e.returncode}): {' '.join(map(str, e.cmd))}\n{stderr.strip()}\n"
+               "(a problem with git, that tree or the disk, not with the series)")  # fmt: skip
+    return _report_error(args, message, errors.GIT_FAILED)
+
+
+def _internal_error(args, command: str) -> int:
+    """An exception nobody expected: one line naming the command and the file with the traceback,
+    and its own exit code, so a script does not read a bug as a conflict or as bad input."""
+    text = traceback.format_exc()
+    path = _write_crash_report(command, text)
+    if path is None:
+        print(text, file=sys.stderr, end="")
+    where = f"traceback in {path}" if path else "traceback above"
+    message = f"internal error in `apply.py {command}` (a bug in the tool, not in the series): {where}"
+    return _report_error(args, message, errors.INTERNAL_ERROR)
+
+
+CRASH_DIR = ROOT / "build" / "crashes"
+
+
+def _write_crash_report(command: str, text: str) -> Path | None:
+    """Write the traceback to build/crashes/ (the temp folder where that fails); None: nowhere."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    for folder in (CRASH_DIR, Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=folder, prefix=f"apply-{command}-{stamp}-", suffix=".txt")
+            with os.fdopen(fd, "w") as f:
+                f.write(f"apply.py {command} (vllm-overlay {OVERLAY_VERSION})\n{text}")
+            return Path(name)
+        except OSError:
+            continue
+    return None
 
 
 def _fail(args, e: OverlayError) -> int:
     result = getattr(e, "result", None)
-    if args.json:
-        payload = {"ok": False, "error": str(e), "exit_code": e.exit_code}
-        if result is not None:
-            payload["patches"] = [r.as_json() for r in result.results]
+    if result is not None and not getattr(args, "json", False):
+        report.console().print(report.series_table(result, strict=args.command == "check"))
+    patches = [r.as_json() for r in result.results] if result is not None else None
+    return _report_error(args, f"error: {e}", e.exit_code, patches=patches)
+
+
+def _report_error(args, message: str, code: int, *, patches: list | None = None) -> int:
+    """``message`` on stderr; with --json also the JSON report scripts read on stdout."""
+    if getattr(args, "json", False):
+        payload = {"ok": False, "error": message.removeprefix("error: "), "exit_code": code}
+        if patches is not None:
+            payload["patches"] = patches
         report.emit_json(payload)
     else:
-        if result is not None:
-            report.console().print(report.series_table(result, strict=args.command == "check"))
-        print(f"error: {e}", file=sys.stderr)
-    return e.exit_code
+        print(message, file=sys.stderr)
+    return code
 
 
 def _release(args, target: str | None = None):
@@ -555,54 +527,197 @@ def cmd_bisect(args) -> int:
 TEST_RELEASE_ENV = "OVERLAY_TEST_UPSTREAM"
 # What runs on each supported release besides the default one (pytest.ini's marker).
 EVERY_RELEASE = "every_release"
+# `test --fast`: the tool's tests, then our src/tests unit tests in the overlay venv (no engine).
+TOOL_TESTS = "tests/tool"
+SRC_UNIT_TESTS = ROOT / "tests" / "src_unit_tests.py"
 
 
-def _run_tests(args: list[str]) -> int:
-    """`test [--upstream VERSION] [pytest arguments]`.
+def cmd_test(args) -> int:
+    """`test [--upstream VERSION] [--fast] [pytest arguments]`.
 
     With arguments: pytest on one release (--upstream, else the default CPU
     release). Without: the whole suite on the default release, then the tests
     marked every_release on each other supported release.
     """
-    from overlay import releases
-
-    version = None
-    if args[:1] == ["--upstream"] and len(args) > 1:
-        version, args = args[1], args[2:]
-    elif args and args[0].startswith("--upstream="):
-        version, args = args[0].split("=", 1)[1], args[1:]
-    try:
-        default = releases.select(ROOT, target="cpu")
-        runs = [(version or default.version, args)]
-        if version is None and not args:
-            others = [r.version for r in releases.supported(ROOT) if r.version != default.version]
-            runs += [(v, ["-m", EVERY_RELEASE]) for v in others]
-        else:
-            releases.select(ROOT, version)
-    except OverlayError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    if args.fast:
+        return _fast_tests(args.upstream, args.passed_on)
     worst = 0
-    for v, pytest_args in runs:
-        print(f"== tests on vLLM {v}: pytest {' '.join(pytest_args)}", flush=True)
-        env = {**os.environ, TEST_RELEASE_ENV: v}
-        code = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
-        worst = worst or code
+    for version, pytest_args in _test_runs(args.upstream, args.passed_on):
+        print(f"== tests on vLLM {version}: pytest {' '.join(pytest_args)}", flush=True)
+        worst = worst or _pytest(version, pytest_args)
     return worst
 
 
-def _run_fuzzer(fuzz_args: list[str]) -> int:
-    cmd = [sys.executable, str(ROOT / "tests" / "support" / "fuzz.py"), *fuzz_args]
-    return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ)).returncode
+def _test_runs(version: str | None, pytest_args: list[str]) -> list[tuple[str, list[str]]]:
+    from overlay import releases
+
+    default = releases.select(ROOT, target="cpu")
+    if version is not None:
+        releases.select(ROOT, version)  # an unknown release is bad input, before any test runs
+    runs = [(version or default.version, pytest_args)]
+    if version is None and not pytest_args:
+        others = [r.version for r in releases.supported(ROOT) if r.version != default.version]
+        runs += [(v, ["-m", EVERY_RELEASE]) for v in others]
+    return runs
 
 
-COMMANDS = {
-    "fetch": cmd_fetch,
-    "check": cmd_check,
-    "apply": cmd_apply,
-    "export": cmd_export,
-    "build": cmd_build,
-    "rebase": cmd_rebase,
-    "releases": cmd_releases,
-    "bisect": cmd_bisect,
-}
+def _pytest(version: str, pytest_args: list[str]) -> int:
+    env = {**os.environ, TEST_RELEASE_ENV: version}
+    return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
+
+
+def _fast_tests(version: str | None, pytest_args: list[str]) -> int:
+    """The tool's tests and, beside them, our src/tests unit tests (tests/src_unit_tests.py, its
+    output shown when the tool tests are done): the two take about as long, so side by side."""
+    from overlay import releases
+
+    release = releases.select(ROOT, version, target=None if version else "cpu").version
+    env = {**os.environ, TEST_RELEASE_ENV: release}
+    print(f"== test --fast on vLLM {release}: {TOOL_TESTS}, and our src/tests unit tests beside them", flush=True)
+    start = time.monotonic()
+    with tempfile.TemporaryFile("w+") as log:
+        # niced: the tool tests are the longer part, so they get the CPU first
+        units = subprocess.Popen(["nice", "-n", "10", sys.executable, str(SRC_UNIT_TESTS), *pytest_args], cwd=ROOT,
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        tool = subprocess.run([sys.executable, "-m", "pytest", TOOL_TESTS, *pytest_args], cwd=ROOT, env=env)
+        tool_s = time.monotonic() - start
+        units.wait()
+        log.seek(0)
+        print(f"== src/tests unit tests:\n{log.read()}", end="", flush=True)
+    print(f"== test --fast: tool tests {_outcome(tool.returncode)} in {tool_s:.0f} s, src/tests unit tests "
+          f"{_outcome(units.returncode)}; {time.monotonic() - start:.0f} s in all", flush=True)  # fmt: skip
+    return tool.returncode or units.returncode
+
+
+def _outcome(code: int) -> str:
+    return "passed" if code == 0 else f"FAILED (exit {code})"
+
+
+def cmd_fuzz(args) -> int:
+    """tests/support/fuzz.py with the rest of the arguments; --upstream picks the release its venvs hold."""
+    from overlay import releases
+
+    env = dict(os.environ)
+    if args.upstream is not None:
+        env[TEST_RELEASE_ENV] = releases.select(ROOT, args.upstream).version
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "fuzz.py"), *args.passed_on]
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+COMMANDS = (
+    Command(
+        "build", "fetch what is missing, apply the series, write the wheel to dist/", cmd_build,
+        "Fetch what is missing, apply the series and write the wheel.",
+        options=(
+            arg("--target", choices=lockmod.TARGETS, default=None,
+                help="which binary wheel to extend (default: cuda where a GPU is present, else cpu)"),
+            arg("--dist", type=Path, default=ROOT / "dist", help="output folder (default: %(default)s)"),
+        ),
+    ),
+    Command(
+        "fetch", "download and verify the pinned source and binary wheel(s) into the cache", cmd_fetch,
+        "Download the pinned source and wheels into the cache, verifying sha256.",
+        options=(
+            arg("--target", choices=(*lockmod.TARGETS, "all"), default=None,
+                help="which binary wheel(s) to fetch besides the source (default: this machine's)"),
+        ),
+    ),
+    Command(
+        "check", "dry-run the series on a scratch tree; fail on any conflict, offset drift, patch already "
+        "upstream, or patch header without trailers", cmd_check,
+        "Apply the series (src/, then the patches) to a scratch copy of the pin. Fails on any conflict, offset "
+        "drift, patch already upstream, missing header trailer, or an upstream name contract.toml lists that "
+        "the patched tree lacks.",
+        options=(
+            arg("--drift-from", type=Path, default=None, metavar="LOCK",
+                help="also flag drift: a function or class a hunk hooks that changed between this older pin and "
+                "the current one, even when the patch applies"),
+        ),
+    ),
+    Command(
+        "apply", "create the maintainer tree (build/tree, branch 'patched': a commit laying in src/, then one "
+        "commit per patch)", cmd_apply,
+        "Create a git checkout of the pin on branch 'patched' (tag 'upstream' marks the base): one commit "
+        "laying in src/, then one commit per patch.",
+        options=(_tree_option("tree", "where"), FORCE_TREE),
+    ),
+    Command(
+        "export", "write the maintainer tree back: new files to src/, changes to upstream files to patches/ "
+        "and series", cmd_export,
+        "Export upstream..HEAD of the maintainer tree: the files it adds to src/, its changes to upstream files "
+        "as patches; deterministic, so an unchanged branch rewrites no byte. Staged and moved into place: an "
+        "export that fails leaves src/, patches/ and series as they were.",
+        options=(_tree_option("tree", "which tree"),),
+    ),
+    Command(
+        "test", "run the test suite (pytest on every supported release; [--upstream VERSION] and pytest "
+        "arguments: on that one release); --fast: the tool's tests and our src/tests unit tests, no engine",
+        cmd_test,
+        "Run the test suite with pytest; arguments this command does not know go to pytest.",
+        options=(
+            arg("--upstream", metavar="VERSION", default=None,
+                help="the supported vLLM release to test (default: every one; with pytest arguments or --fast, "
+                "the newest with a CPU wheel)"),
+            arg("--fast", action="store_true",
+                help="only tests/tool and our src/tests unit tests (in build/venvs/overlay, made if missing); "
+                "no engine starts"),
+        ),
+        common=False, passes_on="pytest",
+    ),
+    Command(
+        "fuzz", "differential fuzzing against the upstream wheel: seeded random mixed batches on both builds, "
+        "compared token for token (--minutes M, --report FILE; `fuzz --help` for the rest)", cmd_fuzz,
+        options=(UPSTREAM,), common=False, passes_on="fuzz.py", own_help=False,
+    ),
+    Command(
+        "rebase", "replay the series onto a new upstream release or commit (3-way), per-patch status and drift; "
+        "--continue / --abort after a conflict", cmd_rebase,
+        "Replay the series onto a new vLLM release or commit with git's 3-way merge and report each patch "
+        "(clean, merged-3way, conflict, already-upstream, target-gone) and its drift. Stops at the first "
+        "conflict with the tree left for resolution. On success the lock, series and patches/ are rewritten; "
+        "until then they are not touched.",
+        one_of=(
+            arg("--to", metavar="VERSION", help="a release: its sdist from the package index"),
+            arg("--to-commit", metavar="SHA", help="a commit of --git-url"),
+            arg("--continue", dest="resume", action="store_true",
+                help="resume after resolving a stop (or after a refused finish)"),
+            arg("--abort", action="store_true", help="drop the rebase and its tree"),
+        ),
+        options=(
+            arg("--add", action="store_true",
+                help="keep the current primary release supported beside the new one (its pin and, where its hunks "
+                "differ, its own patches go to releases/VERSION/); default: the new pin replaces it"),
+            arg("--git-url", help="repository of --to-commit"),
+            arg("--upstream-version",
+                help="version to record for --to-commit (default: from the wheel, else the last release tag)"),
+            arg("--wheel", action="append", default=[], metavar="TARGET=URL",
+                help="binary wheel for --to-commit by URL (sha256 recorded from the download)"),
+            arg("--wheel-index", action="append", default=[], metavar="TARGET=URL",
+                help="find the --to-commit wheel on a simple index, e.g. vLLM's per-commit "
+                "https://wheels.vllm.ai/<commit>/ (sha256 recorded from the download)"),
+            _tree_option("rebase", "rebase tree"),
+            arg("--force", action="store_true", help="replace an existing rebase tree that holds no rebase"),
+        ),
+    ),
+    Command(
+        "releases", "list the supported vLLM releases (--upstream VERSION picks one for any command); "
+        "--drop VERSION stops supporting one", cmd_releases,
+        "List the supported vLLM releases (the primary, whose hunks patches/ holds, then the others under "
+        "releases/) with their commit, binary wheels and own patches; --drop removes one.",
+        options=(arg("--drop", metavar="VERSION", help="stop supporting this release (not the primary)"),),
+    ),
+    Command(
+        "bisect", "find the first upstream commit that breaks the series (or a patch, or a test command)",
+        cmd_bisect,
+        "Binary search over the first-parent history good..bad of --git-url for the first commit where the "
+        "series (or the series up to --patch) stops applying, or, with --test, where the command fails in the "
+        "patched tree.",
+        options=(
+            arg("--git-url", required=True, help="upstream repository (URL or path)"),
+            arg("--good", required=True, help="a commit where the series applies (and the test passes)"),
+            arg("--bad", required=True, help="a later commit where it does not"),
+            arg("--patch", help="only the series up to and including this patch"),
+            arg("--test", help="shell command run in the patched tree; non-zero exit = broken (125: skip)"),
+        ),
+    ),
+)  # fmt: skip

@@ -31,6 +31,14 @@ def git_env(*, fixed_date: bool = False, extra: dict[str, str] | None = None) ->
     return env
 
 
+class GitError(subprocess.CalledProcessError):
+    """A git command failed; ``cwd`` says in which repository (the CLI reports it)."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, cwd: Path):
+        super().__init__(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        self.cwd = cwd
+
+
 def git(
     cwd: Path,
     *args: str,
@@ -49,5 +57,5 @@ def git(
     proc.stdout = proc.stdout.decode("utf-8", "replace")
     proc.stderr = proc.stderr.decode("utf-8", "replace")
     if check and proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        raise GitError(proc, cwd)
     return proc

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from overlay.contract import CONTRACT_FILE, tree_reader
 from overlay.errors import InputError, PatchError
-from overlay.contract import tree_reader
 from overlay.families import fit, left_out
 from overlay.gitcmd import git, git_env
 from overlay.modules import SRC_DIR, write_modules
@@ -33,6 +35,7 @@ from overlay.tree import UPSTREAM_TAG, file_mode, read_blob
 BRANCH = "patched"
 # In a tree's .git: the supported release it was made for (export writes that release's patches).
 RELEASE_FILE = "overlay-release"
+PATCH_DIR = "patches"
 SERIES_HEADER = "# Patch series, in apply order. Written by `apply.py export`; one file name per line.\n"
 
 
@@ -96,83 +99,47 @@ def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -
     per commit that has any (a commit that only edits our modules has none).
     With ``own_patches`` (the tree is of a release other than the primary) the
     patches go there, and only those whose change differs from the shared file.
+    Everything is written in a staging copy first (``staged``), so a failure or
+    an interrupt leaves series, patches/, src/ and the release's folder as they were.
     """
+    project = series_path.parent
+    own = own_patches.relative_to(project) if own_patches is not None else None
+    # contract.toml is read, not written: export_into needs its [families] beside the series
+    written = (series_path.name, PATCH_DIR, SRC_DIR, CONTRACT_FILE, *([str(own.parent)] if own else []))
+    with staged(project, written) as stage:
+        return export_into(tree_dir, stage / series_path.name, stage / own if own else None)
+
+
+def export_into(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -> list[tuple[str, str]]:
+    """``export``, writing in place: for a staging copy (``staged``)."""
     if not (tree_dir / ".git").exists():
         raise InputError(f"{tree_dir} is not a patched tree: run `apply.py apply` first")
     if git(tree_dir, "status", "--porcelain", "--untracked-files=no").stdout.strip():
         raise InputError(f"{tree_dir} has uncommitted changes: commit them first")
     if git(tree_dir, "rev-list", "--merges", f"{UPSTREAM_TAG}..HEAD").stdout.strip():
         raise InputError("the branch has merge commits; a series must be linear")
-    patch_dir = series_path.parent / "patches"
+    patch_dir = series_path.parent / PATCH_DIR
     names_path = release_series_file(series_path, own_patches)
     old = parse_series_text(names_path.read_text(), str(names_path)) if names_path.exists() else []
     added = _added_files(tree_dir)
     # src/ files of the families this tree's upstream has no runner for stay as they are
     keep = left_out(series_path, tree_reader(tree_dir, UPSTREAM_TAG))
-    fresh = _keep_names(_format_patches(tree_dir, added), old)
-    names = list(fresh)
     if own_patches is not None:
-        return _export_own(fresh, old, patch_dir, own_patches, series_path) + write_modules(
-            series_path.parent / SRC_DIR, added, keep
-        )
-    changes = []
-    patch_dir.mkdir(exist_ok=True)
-    for name in names:
-        dest = patch_dir / name
-        if dest.exists() and dest.read_bytes() == fresh[name]:
-            changes.append((name, "unchanged"))
-            continue
-        changes.append((name, "changed" if dest.exists() else "added"))
-        dest.write_bytes(fresh[name])
-    for name in old:
-        if name not in fresh:
-            (patch_dir / name).unlink(missing_ok=True)
-            changes.append((name, "removed"))
-    new_text = SERIES_HEADER + "".join(f"{n}\n" for n in names)
-    if not series_path.exists() or series_path.read_text() != new_text:
-        write_series(series_path, names, SERIES_HEADER)
+        fresh = _format_patches(tree_dir, added)
+        if sorted(fresh) != sorted(old):
+            raise InputError(
+                f"the tree's patches ({', '.join(sorted(fresh))}) are not those of {names_path.name} "
+                f"({', '.join(old)}): a release other than the primary keeps the patches it has; "
+                "patches are added, removed or renamed on the primary release's tree"
+            )
+        changes = write_own_patches({name: fresh[name] for name in old}, patch_dir, own_patches)
+    else:
+        changes = _write_patches(_keep_names(_format_patches(tree_dir, added), old), old, patch_dir, series_path)
     return changes + write_modules(series_path.parent / SRC_DIR, added, keep)
 
 
-def _export_own(
-    fresh: dict[str, bytes], names: list[str], patch_dir: Path, own: Path, series_path: Path
-) -> list[tuple[str, str]]:
-    """A release's own patches: each whose change differs from the shared file; the rest shared."""
-    if sorted(fresh) != sorted(names):
-        raise InputError(
-            f"the tree's patches ({', '.join(sorted(fresh))}) are not those of {series_path} "
-            f"({', '.join(names)}): the series is shared by every release, so patches are added, "
-            "removed or renamed on the primary release's tree"
-        )
-    return write_own_texts({name: fresh[name] for name in names}, patch_dir, own)
-
-
-def write_own_texts(texts: dict[str, bytes], patch_dir: Path, own: Path) -> list[tuple[str, str]]:
-    """Write a release's own text (into ``own``) of each patch of ``texts`` whose change differs
-    from the shared file in ``patch_dir`` or that has no shared file; an own text whose change
-    is the shared one again is removed. (``releases/<v>/patches/<name>``, change) per patch."""
-    changes = []
-    label = f"{own.parent.parent.name}/{own.parent.name}/{own.name}"
-    for name, data in texts.items():
-        dest, shared = own / name, patch_dir / name
-        if shared.exists() and same_change(shared.read_bytes(), data):
-            if dest.exists():
-                dest.unlink()
-                changes.append((f"{label}/{name}", "shared"))
-            continue
-        if dest.exists() and dest.read_bytes() == data:
-            changes.append((f"{label}/{name}", "unchanged"))
-            continue
-        changes.append((f"{label}/{name}", "changed" if dest.exists() else "added"))
-        own.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
-    if own.is_dir() and not any(own.iterdir()):
-        own.rmdir()
-    return changes
-
-
 def _format_patches(tree_dir: Path, added: dict) -> dict[str, bytes]:
-    """name -> text of each commit's changes to upstream files (the files in ``added`` left out)."""
+    """name -> text of each patch ``upstream..HEAD`` makes of changes to upstream files."""
     outside = [f":(exclude,literal){path}" for path in added]
     with tempfile.TemporaryDirectory() as tmp:
         git(tree_dir, "format-patch", "--quiet", "--zero-commit", "--full-index",
@@ -200,6 +167,114 @@ def exact_texts(base: Path, series: Series) -> dict[str, bytes]:
         make_tree(base, series, tree, force=True)
         fresh = _format_patches(tree, _added_files(tree))
     return {p.name: fresh[name] for p, name in zip(series.patches, sorted(fresh), strict=True)}
+
+
+def _write_patches(fresh: dict[str, bytes], old: list[str], patch_dir: Path, series_path: Path) -> list:
+    """The primary release's patches/ and series: exactly ``fresh`` (in series order)."""
+    names = list(fresh)
+    changes = []
+    patch_dir.mkdir(exist_ok=True)
+    for name in names:
+        dest = patch_dir / name
+        if dest.exists() and dest.read_bytes() == fresh[name]:
+            changes.append((name, "unchanged"))
+            continue
+        changes.append((name, "changed" if dest.exists() else "added"))
+        dest.write_bytes(fresh[name])
+    for name in old:
+        if name not in fresh:
+            (patch_dir / name).unlink(missing_ok=True)
+            changes.append((name, "removed"))
+    new_text = SERIES_HEADER + "".join(f"{n}\n" for n in names)
+    if not series_path.exists() or series_path.read_text() != new_text:
+        write_series(series_path, names, SERIES_HEADER)
+    return changes
+
+
+def write_own_patches(texts: dict[str, bytes], shared: Path, own: Path) -> list[tuple[str, str]]:
+    """A release other than the primary: ``own/NAME`` holds each text of ``texts`` whose change
+    differs from the shared ``shared/NAME`` or that has no shared file (a patch the primary does
+    not take); the others are left to the shared file. Changes are named from the project root
+    (``releases/VERSION/patches/NAME``)."""
+    changes = []
+    for name, data in texts.items():
+        dest, label = own / name, (own / name).relative_to(shared.parent).as_posix()
+        if (shared / name).exists() and same_change((shared / name).read_bytes(), data):
+            if dest.exists():
+                dest.unlink()
+                changes.append((label, "shared"))
+            continue
+        if dest.exists() and dest.read_bytes() == data:
+            changes.append((label, "unchanged"))
+            continue
+        changes.append((label, "changed" if dest.exists() else "added"))
+        own.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+    if own.is_dir() and not any(own.iterdir()):
+        own.rmdir()
+    return changes
+
+
+@contextmanager
+def staged(project: Path, names: Iterable[str]) -> Iterator[Path]:
+    """A copy of ``names`` (files or folders, relative to ``project``) to write in.
+
+    When the block succeeds, each one whose content changed replaces the original by
+    rename (Ctrl-C held off meanwhile); a failure or an interrupt inside the block leaves
+    the originals as they were. Every writer of the project's files goes through here.
+    """
+    names = list(dict.fromkeys(names))
+    tmp = Path(tempfile.mkdtemp(dir=project, prefix=".overlay-staging-"))
+    try:
+        stage = tmp / "new"
+        for name in names:
+            _copy(project / name, stage / name)
+        yield stage
+        changed = [n for n in names if _contents(project / n) != _contents(stage / n)]
+        with _no_interrupt():
+            for name in changed:
+                _swap(project / name, stage / name, tmp / "old" / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dest, symlinks=True)
+    elif src.exists():
+        shutil.copy2(src, dest)
+
+
+def _contents(path: Path) -> dict[str, tuple[bytes, int]] | None:
+    """relative path -> (data, mode) of each file at ``path`` (a file or a folder); None if absent."""
+    if not path.exists():
+        return None
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {p.relative_to(path).as_posix(): (p.read_bytes(), p.stat().st_mode) for p in files}
+
+
+def _swap(original: Path, new: Path, old: Path) -> None:
+    """Put ``new`` in place of ``original`` (which goes to ``old``), by renames."""
+    old.parent.mkdir(parents=True, exist_ok=True)
+    if original.exists():
+        os.replace(original, old)
+    if new.exists():
+        original.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(new, original)
+
+
+@contextmanager
+def _no_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C off while the renames run: it arrives after the last one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _added_files(tree_dir: Path) -> dict[str, tuple[bytes, bool]]:

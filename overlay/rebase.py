@@ -41,7 +41,17 @@ from overlay.errors import InputError, PatchError
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
 from overlay.families import fit
-from overlay.maintain import BRANCH, am_series, exact_texts, export, new_tree, write_own_texts
+from overlay.maintain import (
+    BRANCH,
+    PATCH_DIR,
+    am_series,
+    exact_texts,
+    export,
+    export_into,
+    new_tree,
+    staged,
+    write_own_patches,
+)
 from overlay.modules import SRC_DIR
 from overlay.patching import conflict_result, hunk_offsets, run_series
 from overlay.series import SERIES_FILE, Patch, Series, parse_series_text, strip_prefix, write_series
@@ -266,6 +276,10 @@ def resume(tree: Path) -> RebaseResult:
     """``--continue``: take the maintainer's resolution of the stopped patch, go on."""
     rb = Rebase(tree).load()
     i = rb.state.next
+    if i == len(rb.state.steps):
+        # Every patch is through, but the last attempt refused to finish (a kept release still
+        # needs a dropped patch, the series was edited meanwhile): try the finish again.
+        return _finish(rb)
     step = rb.state.steps[i]
     if step.status not in STOPS:
         # Interrupted while replaying this patch: undo whatever part of it happened, replay it.
@@ -410,17 +424,23 @@ def _finish(rb: Rebase) -> RebaseResult:
     if edited or load_series(series_path, own).sha256 != st.series_before:
         raise InputError(
             f"{series_path}, patches/ or {lock_path} changed since the rebase started; not overwriting them. "
-            f"The rebased branch is in {rb.tree} (export it by hand, or --abort)"
+            f"The rebased branch is in {rb.tree}: put them back and `rebase --continue`, export the branch by "
+            "hand, or `rebase --abort`"
         )
     new_lock = lockmod.loads(st.new_lock)
     project = series_path.parent
     if st.release:
         changes = _finish_other_release(rb.tree, series_path, st.release, new_lock)
     else:
-        changes = _export_atomically(rb.tree, series_path)
-        lockmod.dump(new_lock, lock_path)
-        # A patch that left the series on the new pin stays with each kept release that has it.
-        changes += _keep_releases(project, _kept(rb))
+        inside = lock_path.parent == project
+        # contract.toml is read, not written: export_into takes its [families] from beside the series
+        written = (series_path.name, PATCH_DIR, SRC_DIR, CONTRACT_FILE, releases.RELEASES_DIR,
+                   *([lock_path.name] if inside else []))  # fmt: skip
+        with staged(project, written) as stage:
+            changes = export_into(rb.tree, stage / series_path.name)
+            lockmod.dump(new_lock, stage / lock_path.name if inside else lock_path)
+            # A patch that left the series on the new pin stays with each kept release that has it.
+            changes += _keep_releases(stage, _kept(rb))
     after = fit(load_series(series_path), rb.tree)  # the rebased series: its src/ is what the contract concerns
     result = rb.result(completed=True)
     result.changes, result.series_after = changes, after.sha256
@@ -478,7 +498,7 @@ def _keep_releases(project: Path, kept: list[tuple[str, str, dict]]) -> list[tup
         if not (folder / releases.LOCK_NAME).exists():
             (folder / releases.LOCK_NAME).write_text(lock_text)
             changes.append((f"{releases.RELEASES_DIR}/{version}/{releases.LOCK_NAME}", "added"))
-        changes += write_own_texts(texts, project / "patches", folder / "patches")
+        changes += write_own_patches(texts, project / PATCH_DIR, folder / "patches")
         changes += releases.write_series(folder, list(texts), shared)
     return changes
 
@@ -491,41 +511,11 @@ def _finish_other_release(tree: Path, series_path: Path, old_version: str, new_l
     staging = Path(tempfile.mkdtemp(dir=base, prefix=f".{new_lock.version}-"))
     try:
         lockmod.dump(new_lock, staging / releases.LOCK_NAME)
+        if (old_folder / SERIES_FILE).exists():  # its own list of patches goes with it
+            shutil.copyfile(old_folder / SERIES_FILE, staging / SERIES_FILE)
         changes = export(tree, series_path, staging / "patches")
         shutil.rmtree(old_folder)
         os.replace(staging, base / new_lock.version)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return changes
-
-
-def _export_atomically(tree: Path, series_path: Path) -> list[tuple[str, str]]:
-    """Export into a staging copy, then move each changed file into place atomically."""
-    patch_dir = series_path.parent / "patches"
-    with tempfile.TemporaryDirectory(dir=series_path.parent, prefix=".rebase-export-") as tmp:
-        staging = Path(tmp) / series_path.name
-        shutil.copyfile(series_path, staging)
-        (Path(tmp) / "patches").mkdir()
-        old = parse_series_text(series_path.read_text(), str(series_path))
-        for name in old:
-            shutil.copyfile(patch_dir / name, Path(tmp) / "patches" / name)
-        src, staged_src = series_path.parent / SRC_DIR, Path(tmp) / SRC_DIR
-        if src.exists():
-            shutil.copytree(src, staged_src)
-        contract = series_path.parent / CONTRACT_FILE
-        if contract.exists():  # export reads its [families]: src/ files the tree does not take stay
-            shutil.copyfile(contract, Path(tmp) / CONTRACT_FILE)
-        changes = export(tree, staging)
-        patches = [(name, change) for name, change in changes if "/" not in name]  # the rest: src/...
-        for name, change in patches:
-            if change in ("added", "changed"):
-                os.replace(Path(tmp) / "patches" / name, patch_dir / name)
-        os.replace(staging, series_path)
-        for name, change in patches:
-            if change == "removed":
-                (patch_dir / name).unlink(missing_ok=True)
-        if len(patches) < len(changes):  # src/ changed: swap the whole folder in
-            if src.exists():
-                os.replace(src, Path(tmp) / "src-before")
-            os.replace(staged_src, src)
     return changes

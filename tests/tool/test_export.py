@@ -2,6 +2,7 @@
 
 import subprocess
 
+import pytest
 from support.cli import run_json, run_tool
 from support.synthetic import ENGINE, file_patch, snapshot
 
@@ -120,3 +121,37 @@ def test_export_refuses_uncommitted_changes(upstream):
     proc = run_tool("export", *upstream.args(), "--tree", str(tree))
     assert proc.returncode == errors.BAD_INPUT and "uncommitted" in proc.stderr
     assert snapshot(upstream.root) == before
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError("a write failed")])
+def test_export_stopped_mid_write_leaves_series_patches_and_src_as_they_were(upstream, monkeypatch, tmp_path, failure):
+    """Ctrl-C (or a failing write) after the patches and series are written, while src/ is:
+    nothing of it reaches the project, and the interrupt message's "nothing half-written" holds."""
+    from overlay import cli, maintain
+
+    tree = _apply_export_roundtrip(upstream)
+    (upstream.root / "src" / "vllm").mkdir(parents=True)
+    (upstream.root / "src" / "vllm" / "gone.py").write_text("GONE = 1\n")
+    (tree / "vllm/extra.py").write_text("EXTRA = 1\n")
+    (tree / "vllm/engine.py").write_text((tree / "vllm/engine.py").read_text() + "from vllm.extra import EXTRA\n")
+    _git(tree, "add", "vllm/extra.py")
+    _git(tree, "commit", "-q", "-am", "engine: hook\n\nUpstream-Status: not-forwarded\nTests: none")
+    before = snapshot(upstream.root)
+    real = maintain.write_modules
+
+    def write_then_fail(src, files):
+        real(src, files)  # src/ half rewritten in place, were it not staged
+        raise failure
+
+    monkeypatch.setattr(maintain, "write_modules", write_then_fail)
+    monkeypatch.setattr(cli, "CRASH_DIR", tmp_path / "crashes")
+    code = cli.main(["export", *upstream.args(), "--tree", str(tree)])
+    assert code == (errors.INTERRUPTED if failure is KeyboardInterrupt else errors.INTERNAL_ERROR)
+    assert snapshot(upstream.root) == before
+    assert not [p for p in upstream.root.iterdir() if p.name.startswith(".overlay-staging")]
+    # the same export, not stopped, writes all three
+    monkeypatch.setattr(maintain, "write_modules", real)
+    assert cli.main(["export", *upstream.args(), "--tree", str(tree)]) == errors.OK
+    after = snapshot(upstream.root)
+    assert "patches/0002-engine-hook.patch" in after and "src/vllm/extra.py" in after
+    assert "src/vllm/gone.py" not in after and after["series"] != before["series"]

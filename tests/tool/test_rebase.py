@@ -249,10 +249,19 @@ def test_series_edited_during_a_stopped_rebase_is_not_overwritten(upstream, hist
     assert _git(tree, "am", "--skip").returncode == 0
     with upstream.series.open("a") as f:
         f.write("# someone edited the series meanwhile\n")
+    edited = upstream.series.read_text()
     before = snapshot(upstream.root)
     code, out = run_json("rebase", *upstream.args(), "--continue", "--tree", str(tree))
     assert code == errors.BAD_INPUT and "changed since the rebase started" in out["error"]
     assert snapshot(upstream.root) == before
+    # every patch is through and the finish was refused: --continue tries the finish again
+    proc = run_tool("rebase", *upstream.args(), "--continue", "--tree", str(tree))
+    assert proc.returncode == errors.BAD_INPUT and "changed since the rebase started" in proc.stderr, proc.stderr
+    assert snapshot(upstream.root) == before
+    upstream.series.write_text(edited.replace("# someone edited the series meanwhile\n", ""))
+    code, out = run_json("rebase", *upstream.args(), "--continue", "--tree", str(tree))
+    assert code == errors.PATCH_FAILED and out["completed"], out  # done; the dropped patch needs review
+    assert upstream.series.read_text().split("\n")[1:-1] == []
 
 
 def test_already_upstream_found_by_the_3way_merge(upstream, history, tmp_path):

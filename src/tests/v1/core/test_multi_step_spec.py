@@ -6,8 +6,9 @@ Scheduler side (vllm/v1/core/sched/multi_step.py): a window with k drafts
 plans W * (1 + k) positions per request and keeps, after the window, one
 position per generated token. Worker side (vllm/v1/worker/multi_step_spec.py):
 each inner step starts where the previous one's accepted tokens end, per
-request. The two token-tracking bugs found in the review of the V1 multi-step
-proposal are reproduced against stand-in implementations of the wrong logic.
+request. The values expected of the real functions are ones the two
+token-tracking bugs found in the review of the V1 multi-step proposal would not
+give.
 """
 
 import pytest
@@ -167,51 +168,31 @@ def test_stop_inside_accepted_drafts_ends_the_request():
 # --- Worker side: where each inner step starts -------------------------------
 
 
-def _advance_by_accepted(num_computed, num_processed, num_rejected):
-    """Review bug 1: advance by the accepted drafts (the bonus token is lost)."""
-    return num_computed + (num_processed - 1 - num_rejected)
-
-
-def _advance_by_processed(num_computed, num_processed, num_rejected):
-    """Advance by what was processed: rejected positions are skipped over."""
-    return num_computed + num_processed
-
-
 @pytest.mark.parametrize(
-    "advance, correct",
+    "num_processed, num_rejected, start",
     [
-        (next_num_computed, True),
-        (_advance_by_accepted, False),
-        (_advance_by_processed, False),
+        (4, 2, 102),  # 3 drafts, 1 accepted: 2 tokens generated
+        (4, 0, 104),  # every draft accepted, plus the bonus token
+        (4, 3, 101),  # none accepted: the bonus token alone
+        (1, 0, 101),  # no drafts
     ],
 )
-def test_next_step_starts_after_the_generated_tokens(advance, correct):
-    """Step at 100 with 3 drafts, 1 accepted: 4 processed, 2 rejected.
-
-    The next step starts at 102 (2 tokens generated). Review bug 1 gives 101
-    (it re-feeds a position); advancing by processed gives 104 (a hole whose
-    KV holds rejected drafts). Each wrong rule fails this test.
-    """
-    assert (advance(100, 4, 2) == 102) is correct
-
-
-def _advance_per_token_row(output, req_ids, drafts, num_computed):
-    """Review bug 2: the per-request update applied once per token row."""
-    for req_id in req_ids:
-        tokens = output.sampled_token_ids[output.req_id_to_index[req_id]]
-        for _row in range(1 + len(drafts.get(req_id, ()))):
-            num_computed[req_id] += len(tokens)
+def test_next_step_starts_after_the_generated_tokens(
+    num_processed, num_rejected, start
+):
+    """A step at 100 processed its last token and its drafts; the next starts after
+    the tokens it generated. Review bug 1 (advance by the accepted drafts: the bonus
+    token is lost) gives 101 for the first row, re-feeding a position; advancing by
+    what was processed gives 104, a hole whose KV holds rejected drafts."""
+    assert next_num_computed(100, num_processed, num_rejected) == start
 
 
-@pytest.mark.parametrize(
-    "advance, correct",
-    [(advance_requests, True), (_advance_per_token_row, False)],
-)
-def test_each_request_advances_once_by_its_own_result(advance, correct):
+def test_each_request_advances_once_by_its_own_result():
     """Two requests with 2 drafts each (3 token rows each), rows reordered.
 
     a (at 100) accepts both drafts: 3 tokens -> 103; b (at 50) none: 1 token
-    -> 51. Applying the update per token row gives 109 and 53.
+    -> 51. Review bug 2 (the update applied once per token row) gives 109 and
+    53; reading rows by position instead of req_id_to_index mixes a and b up.
     """
     output = ModelRunnerOutput(
         req_ids=["b", "a"],
@@ -219,8 +200,11 @@ def test_each_request_advances_once_by_its_own_result(advance, correct):
         sampled_token_ids=[[7], [4, 5, 6]],
     )
     num_computed = {"a": 100, "b": 50}
-    advance(output, ["a", "b"], {"a": [4, 5], "b": [8, 9]}, num_computed)
-    assert (num_computed == {"a": 103, "b": 51}) is correct
+    counts = advance_requests(
+        output, ["a", "b"], {"a": [4, 5], "b": [8, 9]}, num_computed
+    )
+    assert num_computed == {"a": 103, "b": 51}
+    assert counts == {"a": (2, 2), "b": (2, 0)}  # (drafts, accepted) per request
 
 
 class _Req:
