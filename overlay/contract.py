@@ -63,7 +63,6 @@ class Contract:
         return tuple(f for f in self.families if read(f.serves) is None)
 
 
-
 def load(path: Path) -> Contract | None:
     """The contract beside the series, or None where there is none."""
     if not path.exists():

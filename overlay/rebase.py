@@ -38,9 +38,9 @@ from overlay import releases
 from overlay.contract import CONTRACT_FILE, check_tree
 from overlay.drift import patch_drift
 from overlay.errors import InputError, PatchError
+from overlay.families import fit
 from overlay.gitcmd import git, git_env
 from overlay.lock import Lock
-from overlay.families import fit
 from overlay.maintain import (
     BRANCH,
     PATCH_DIR,

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-from support.venvs import overlay_wheel as build_overlay_wheel
 from support.venvs import (
     INTERPRETER,
     RELEASE_ENV,
@@ -19,6 +18,7 @@ from support.venvs import (
     venv_dir,
     vllm_venv,
 )
+from support.venvs import overlay_wheel as build_overlay_wheel
 from support.venvs import upstream_wheel as fetch_upstream_wheel
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -347,6 +347,7 @@ MRV2_MAX_STOP_IDS_WITH_MIN_TOKENS = 128
 
 def _capped_stops(batch: dict) -> dict:
     """``batch`` with each request's stop ids cut to MRV2's cap (one place left for EOS)."""
+
     def capped(request):
         params = dict(request["params"])
         params["stop_token_ids"] = params["stop_token_ids"][: MRV2_MAX_STOP_IDS_WITH_MIN_TOKENS - 1]

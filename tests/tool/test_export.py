@@ -139,8 +139,8 @@ def test_export_stopped_mid_write_leaves_series_patches_and_src_as_they_were(ups
     before = snapshot(upstream.root)
     real = maintain.write_modules
 
-    def write_then_fail(src, files):
-        real(src, files)  # src/ half rewritten in place, were it not staged
+    def write_then_fail(src, files, keep=frozenset()):
+        real(src, files, keep)  # src/ half rewritten in place, were it not staged
         raise failure
 
     monkeypatch.setattr(maintain, "write_modules", write_then_fail)

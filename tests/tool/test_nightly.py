@@ -83,7 +83,10 @@ def test_nightly_reports_every_patch_past_a_conflict_and_a_gone_file_and_fails(u
     assert proc.returncode == errors.PATCH_FAILED, proc.stdout + proc.stderr
     patches = report["stages"]["rebase"]["patches"]
     assert [(p["patch"], p["status"]) for p in patches] == [
-        ("0001-a.patch", "conflict"), ("0002-b.patch", "target-gone"), ("0003-c.patch", "clean")]
+        ("0001-a.patch", "conflict"),
+        ("0002-b.patch", "target-gone"),
+        ("0003-c.patch", "clean"),
+    ]
     assert report["patches_stopped"] == 2 and "build_exit" not in report
     assert "| 0002-b.patch | target-gone |" in (tmp_path / "summary.md").read_text()
 
