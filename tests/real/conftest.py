@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.cpu_bases import venv_for
 from support.venvs import (
     INTERPRETER,
     RELEASE_ENV,
@@ -84,14 +85,15 @@ def interpreter_pythons() -> dict[str, Path]:
     if Version(release.version) < Version(TRITON_CPU_FROM):
         pytest.skip(f"vLLM {release.version} runs no Model Runner V2 on CPU without triton-cpu: no interpreter base")
     return {
-        "upstream": vllm_venv(venv_dir("upstream", INTERPRETER), fetch_upstream_wheel(INTERPRETER)),
+        "upstream": venv_for(fetch_upstream_wheel(INTERPRETER), venv_dir("upstream", INTERPRETER)),
         "overlay": vllm_venv(venv_dir("overlay", INTERPRETER), build_overlay_wheel(INTERPRETER)),
     }
 
 
 @pytest.fixture(scope="session")
 def upstream_python(upstream_wheel) -> Path:
-    return vllm_venv(venv_dir("upstream"), upstream_wheel)
+    # a venv that already holds the wheel serves (tests/real/test_cpu_bases.py may have made it)
+    return venv_for(upstream_wheel, venv_dir("upstream"))
 
 
 @pytest.fixture(scope="session")

@@ -111,10 +111,7 @@ def _cpu_base(base: str | None = None):
         return None, fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
     cpu = releases.select(ROOT, target="cpu").lock()
     if Version(release.version) >= Version(cpu_bases.TRITON_CPU_FROM):
-        base = base or STANDALONE
-        make = cpu_bases.standalone_base_wheel if base == STANDALONE else cpu_bases.interpreter_base_wheel
-        wheel = make(lock, cpu, BUILD / "cpu-base")
-        return cpu_bases.base_lock(lock, wheel, cpu, BUILD / "cpu-base" / f"{release.version}-{base}.lock"), wheel
+        return cpu_bases.cpu_base(lock, cpu, base or STANDALONE)
     assert base is None, f"vLLM {release.version} runs on the hybrid base"
     wheel = hybrid_wheel(lock, cpu, BUILD / "hybrid")
     return hybrid_lock(lock, wheel, cpu.wheel("cpu").distribution, BUILD / "hybrid" / f"{release.version}.lock"), wheel
