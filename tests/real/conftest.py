@@ -27,27 +27,26 @@ BUILD = ROOT / "build"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Leave the engine parity tests out on a kept release other than the default CPU one.
+    """In the suite's run (`apply.py test`, `-m every_release`) on a kept release other than the
+    default CPU one, only the tests marked `kept_release` (the CUDA wheel) run.
 
-    Such a release (0.33.0: kept beside the primary 0.34.0, and without a CPU wheel) runs the
-    same frozen engine modules the default CPU release (0.32.0) runs the whole suite on, over a
-    hybrid CPU base; its series check, wheels and unit tests (upstream's and ours) still run, and
-    `apply.py test --upstream 0.33.0 -m engine_parity` runs the rest by hand. The CI budget is
-    what this buys (docs/testing.md).
+    Such a release (0.33.0: kept beside the primary 0.34.0, without a CPU wheel) runs the same
+    frozen engine modules the default CPU release (0.32.0) runs the whole suite on; its series
+    check runs there too (test_series_real.py checks every release). Its CPU tests (wheel, unit
+    tests, parity, on the hybrid base) run by hand: `apply.py test --upstream 0.33.0 tests/real`.
+    The CI budget is what this buys (docs/testing.md).
     """
     from overlay import releases
 
-    if not os.environ.get(RELEASE_ENV):
+    if not os.environ.get(RELEASE_ENV) or config.getoption("-m") != "every_release":
         return
     release = release_under_test()
     if release.primary or release.version == releases.select(ROOT, target="cpu").version:
         return
-    if "engine_parity" in (config.getoption("-m") or ""):
-        return  # asked for by name
-    left = [item for item in items if item.get_closest_marker("engine_parity")]
+    left = [item for item in items if not item.get_closest_marker("kept_release")]
     if left:
         config.hook.pytest_deselected(items=left)
-        items[:] = [item for item in items if not item.get_closest_marker("engine_parity")]
+        items[:] = [item for item in items if item.get_closest_marker("kept_release")]
 
 
 @pytest.fixture(scope="session")

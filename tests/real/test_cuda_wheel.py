@@ -12,6 +12,7 @@ from overlay.fetch import Cache, fetch_artifact
 
 
 @pytest.mark.every_release
+@pytest.mark.kept_release
 def test_cuda_wheel_builds_over_the_cuda_binary(tmp_path, lock):
     from installer.sources import WheelFile
 

@@ -20,7 +20,7 @@ import pytest
 from support import fuzz
 
 # Runs on every supported release (apply.py test): each release's own builds.
-pytestmark = [pytest.mark.every_release, pytest.mark.engine_parity]
+pytestmark = pytest.mark.every_release
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from support.engines import run_env
 from support.parity import STRUCTURED_CASE, assert_same_outputs, case_outputs
 
 # Runs on every supported release (apply.py test): each release's own builds.
-pytestmark = [pytest.mark.every_release, pytest.mark.engine_parity, pytest.mark.usefixtures("windows")]
+pytestmark = [pytest.mark.every_release, pytest.mark.usefixtures("windows")]
 
 # (engine, steps, async mode); "default" is async on for the overlay on CPU. The Llama
 # engine's cases include shared prefixes (prefix caching is on by default) and

@@ -16,7 +16,7 @@ import pytest
 from support.parity import CASES, ENGINES, PREFIX_CASES, STOP_IDS, assert_same_outputs, case_outputs
 
 # Runs on every supported release (apply.py test): each release's own builds.
-pytestmark = [pytest.mark.every_release, pytest.mark.engine_parity]
+pytestmark = pytest.mark.every_release
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from support.engines import generate
 from support.parity import BASE, CASES, PROMPTS, assert_same_outputs
 
-pytestmark = [pytest.mark.every_release, pytest.mark.engine_parity]
+pytestmark = pytest.mark.every_release
 
 SHORT = 12  # output tokens per request
 MRV2_CASES = [
