@@ -186,3 +186,19 @@ def test_fast_runs_the_tool_tests_and_our_unit_tests_with_the_same_arguments(mon
     assert tool[-3:] == ["pytest", cli.TOOL_TESTS, "-x"]
     assert units[-2:] == [str(cli.SRC_UNIT_TESTS), "-x"]
     assert tool_env[cli.TEST_RELEASE_ENV] == units_env[cli.TEST_RELEASE_ENV] == version
+
+
+def test_the_suite_runs_every_release_after_one_fails(monkeypatch):
+    """`apply.py test` without arguments: a release whose tests fail does not stop the others
+    (each release's run is its own; the exit code is the first failure's)."""
+    from overlay import cli, releases
+
+    ran = []
+
+    def fake_pytest(version, args):
+        ran.append(version)
+        return 1 if len(ran) == 1 else 0
+
+    monkeypatch.setattr(cli, "_pytest", fake_pytest)
+    assert cli.main(["test"]) == 1
+    assert sorted(ran) == sorted(r.version for r in releases.supported(cli.ROOT)) and len(ran) > 1
