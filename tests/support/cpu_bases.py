@@ -162,7 +162,10 @@ def _base_wheel(flavor: str, release: lockmod.Lock, cpu: lockmod.Lock, out_dir: 
         {n: sha256_file(p) for n, p in {**shim_files, **{n: p for n, (p, _m) in extra.items()}}.items()},
     ]).encode()).hexdigest()[:16]  # fmt: skip
     dist = cpu.wheel("cpu").distribution.replace("-", "_")
-    version = f"{release.version}+cpu{cpu.version.replace('.', '')}.{flavor}"
+    # The key in the name too: the tool's download cache keeps files by name (`apply.py build
+    # --lock` fetches the base from its file:// URL), and a base built in another checkout (the
+    # ops library's bytes depend on its build folder) must not meet a cached file of the same name.
+    version = f"{release.version}+cpu{cpu.version.replace('.', '')}.{flavor}.{key[:12]}"
     tag = base.name.removesuffix(".whl").split("-", 2)[2]
     out = out_dir / f"{flavor}-{key}" / f"{dist}-{version}-{tag}.whl"
     if out.exists():
