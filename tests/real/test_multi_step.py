@@ -23,6 +23,7 @@ import re
 import pytest
 from support.engines import run_env
 from support.parity import STRUCTURED_CASE, assert_same_outputs, case_outputs
+from support.venvs import windows_runner
 
 # Runs on every supported release (apply.py test): each release's own builds.
 pytestmark = [pytest.mark.every_release, pytest.mark.usefixtures("windows")]
@@ -81,6 +82,8 @@ def test_both_window_paths_ran(parity_run, engine, steps, async_mode):
     at 1, 2, 4, ... windows, and each step-by-step reason when first seen, so
     the parity of these runs with upstream is the parity of both paths.
     """
+    if windows_runner() != "v1":
+        pytest.skip("one path on Model Runner V2 (test_mrv2_windows_ran)")
     log = parity_run("overlay", engine, async_mode, steps)["engine_log"]
     counts = [tuple(map(int, m)) for m in WINDOW_PATHS.findall(log)]
     total, on_device, step_by_step = counts[-1]
@@ -90,6 +93,23 @@ def test_both_window_paths_ran(parity_run, engine, steps, async_mode):
         assert "not covered on the device: bad_words" in log
         assert "run as lean steps" in log
     assert "not covered by the lean inner step" not in log
+
+
+MRV2_WINDOWS = re.compile(r"Multi-step decode on Model Runner V2 \((\w+)\): (\d+) windows, ([\d.]+) steps per window")
+
+
+@pytest.mark.parametrize("engine, steps, async_mode", MULTI_STEP_RUNS)
+def test_mrv2_windows_ran(parity_run, engine, steps, async_mode):
+    """On Model Runner V2 the runs compared above ran windows on the runner vLLM picked, with
+    several inner steps each (the log names the runner and the windows' mean length)."""
+    if windows_runner() != "mrv2":
+        pytest.skip("windows run on Model Runner V1 here (test_both_window_paths_ran)")
+    log = parity_run("overlay", engine, async_mode, steps)["engine_log"]
+    found = MRV2_WINDOWS.findall(log)
+    assert found, log[-3000:]
+    runner, windows, mean = found[-1]
+    assert runner in ("StandaloneCPUModelRunner", "CPUModelRunner"), found
+    assert int(windows) >= 8 and float(mean) > 2, found
 
 
 def test_structured_output_runs_one_step_per_schedule(parity_run):
@@ -154,6 +174,8 @@ print("RESULT" + json.dumps({
 
 
 def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
+    if windows_runner() != "v1":
+        pytest.skip("Model Runner V1's options; test_multi_step_refused.py checks Model Runner V2's")
     script = tmp_path / "options.py"
     script.write_text(OPTION_CHECKS)
     proc = run_env(overlay_python, script, tiny_llama)
@@ -209,7 +231,8 @@ def resolve(model, **kw):
 print("RESULT" + json.dumps({
     "mamba_single": resolve(str(mamba)),
     "mamba": resolve(str(mamba), num_scheduler_steps=4),
-    "sampling_mask": resolve(llama, num_scheduler_steps=4, return_sampling_mask=True),
+    "sampling_mask": resolve(llama, num_scheduler_steps=4, return_sampling_mask=True,
+                             logprobs_mode="processed_logprobs"),
     "routed_experts": resolve(llama, num_scheduler_steps=4, enable_return_routed_experts=True),
 }))
 """
@@ -226,5 +249,8 @@ def test_refuses_recurrent_models_and_per_step_outputs(overlay_python, tiny_llam
     got = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert got["mamba_single"] == {"steps": 1, "attention_free": True}  # the model itself is accepted
     assert "hybrid and attention-free (Mamba-style) models" in got["mamba"]["error"]
-    assert "requires Model Runner V2" in got["sampling_mask"]["error"]
+    if windows_runner() == "v1":
+        assert "requires Model Runner V2" in got["sampling_mask"]["error"]
+    else:  # windows run on it, but do not merge sampling masks yet
+        assert "return_sampling_mask" in got["sampling_mask"]["error"]
     assert "routed experts" in got["routed_experts"]["error"]

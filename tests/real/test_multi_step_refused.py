@@ -1,10 +1,11 @@
-"""Where a release has no multi-step windows (vLLM 0.34.0 until they run on Model Runner V2),
-the option is refused at startup with the reason, and nothing else changes.
+"""Multi-step decode's options on Model Runner V2 (vLLM 0.34.0 on): what windows there run,
+and what they refuse at startup, with the reason, before a model loads.
 
-The worker side of multi-step decode is written for Model Runner V1, which vLLM 0.34.0 removed
-(contract.toml's v1-runner family is not laid into its tree), so `--num-scheduler-steps N`,
-`LLM(num_scheduler_steps=N)` and the `--additional-config '{"multi_step": N}'` alias must stop
-before a model loads, saying why; N = 1 (the default) starts as upstream does.
+Windows on Model Runner V2 (vllm/v1/worker/decode_window.py, patch 0011) take the option and
+its alias; what they do not run yet is refused by name: drafts (speculative decoding in windows
+runs on Model Runner V1 only) and sampling masks (a per-step output the merge does not carry).
+N = 1 (the default) starts as upstream does, drafts included. On Model Runner V1 (0.32.0,
+0.33.0) test_multi_step.py's test_option_and_refusals checks that runner's options.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 
 import pytest
 from support.engines import run_env
-from support.venvs import release_has_windows
+from support.venvs import windows_runner
 
 pytestmark = pytest.mark.every_release
 
@@ -24,28 +25,45 @@ from vllm.engine.arg_utils import EngineArgs
 def resolve(**kw):
     try:
         cfg = EngineArgs(model=sys.argv[1], max_model_len=512, **kw).create_engine_config()
-        return {"steps": cfg.scheduler_config.num_scheduler_steps}
+        return {"steps": cfg.scheduler_config.num_scheduler_steps,
+                "async": cfg.scheduler_config.async_scheduling}
     except Exception as e:  # the message is what a user sees
         return {"error": f"{type(e).__name__}: {e}"}
+ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
 print("RESULT" + json.dumps({
     "flag": resolve(num_scheduler_steps=8),
+    "flag_sync": resolve(num_scheduler_steps=8, async_scheduling=False),
     "alias": resolve(additional_config={"multi_step": 4}),
+    "disagree": resolve(num_scheduler_steps=2, additional_config={"multi_step": 4}),
     "plain": resolve(),
     "one": resolve(num_scheduler_steps=1),
+    "ngram": resolve(num_scheduler_steps=4, speculative_config=ngram),
+    "ngram_single": resolve(speculative_config=ngram),
+    "sampling_mask": resolve(num_scheduler_steps=4, return_sampling_mask=True,
+                             logprobs_mode="processed_logprobs"),
+    "sampling_mask_single": resolve(return_sampling_mask=True, logprobs_mode="processed_logprobs"),
 }))
 """
 
 
-def test_refused_where_windows_cannot_run(overlay_python, tiny_llama, tmp_path):
-    if release_has_windows():
-        pytest.skip("this release runs multi-step windows (test_multi_step.py)")
-    script = tmp_path / "refused.py"
+def test_options_on_model_runner_v2(overlay_python, tiny_llama, tmp_path):
+    if windows_runner() != "mrv2":
+        pytest.skip("windows run on Model Runner V1 here (test_multi_step.py checks its options)")
+    script = tmp_path / "options.py"
     script.write_text(CHECKS)
     proc = run_env(overlay_python, script, tiny_llama, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     got = json.loads(proc.stdout.split("RESULT", 1)[1])
-    for key, steps in (("flag", 8), ("alias", 4)):
-        error = got[key].get("error", "")  # a ValueError, as VllmConfig's validation reports it
-        assert f"--num-scheduler-steps {steps}: multi-step decode is not available" in error, got
-        assert "Model Runner V1" in error and "--num-scheduler-steps 1" in error, got
-    assert got["plain"] == {"steps": 1} and got["one"] == {"steps": 1}, got
+    # async scheduling on by default on CPU (patch 0003), windows under it
+    assert got["flag"] == {"steps": 8, "async": True}, got
+    assert got["flag_sync"] == {"steps": 8, "async": False}, got
+    assert got["alias"]["steps"] == 4, got
+    assert "disagree" in got["disagree"]["error"], got
+    assert got["plain"]["steps"] == 1 and got["one"]["steps"] == 1, got
+    error = got["ngram"].get("error", "")  # a ValueError, as VllmConfig's validation reports it
+    assert "--num-scheduler-steps 4 cannot be combined with speculative decoding on Model Runner V2" in error, got
+    assert "--num-scheduler-steps 1" in error, got
+    # drafts at N = 1: upstream's own answer (the standalone CPU runner refuses them itself)
+    assert "num-scheduler-steps" not in got["ngram_single"].get("error", ""), got
+    assert "return_sampling_mask" in got["sampling_mask"]["error"], got
+    assert got["sampling_mask_single"]["steps"] == 1, got

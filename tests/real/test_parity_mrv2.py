@@ -8,14 +8,18 @@ without Triton instead. This file runs a parity slice on the interpreter base
 Triton's interpreter, so the overlay's patches meet the runner GPU users run. Slow (100-300 ms a
 decode step): a few cases, short outputs, one engine start per build. The oracle is the unpatched
 release on the same base (async scheduling off, upstream's CPU default); the overlay runs its CPU
-default, async on.
+default, async on, once with single steps and once with multi-step windows (N = 8: every inner
+step is GPUModelRunner's own execute_model + sample_tokens, vllm/v1/worker/decode_window.py).
 """
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from support.engines import generate
 from support.parity import BASE, CASES, PROMPTS, assert_same_outputs
+from support.venvs import windows_runner
 
 pytestmark = pytest.mark.every_release
 
@@ -29,6 +33,7 @@ MRV2_CASES = [
 ]
 LLM = {**BASE, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
 RUNNER = "CPUModelRunner"  # vllm/v1/worker/cpu_model_runner.py: Model Runner V2 on a CPU
+WINDOW, WINDOWED = 8, "overlay-N8"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,11 @@ def mrv2_runs(interpreter_pythons, tiny_llama, tmp_path_factory):
     runs = {}
     for build, python in interpreter_pythons.items():
         runs[build], runs[f"{build}_log"] = generate(python, job, tmp, build, timeout=1200)
+    if windows_runner() == "mrv2":
+        windowed = {**job, "llm": {**job["llm"], "num_scheduler_steps": WINDOW}}
+        runs[WINDOWED], runs[f"{WINDOWED}_log"] = generate(
+            interpreter_pythons["overlay"], windowed, tmp, WINDOWED, timeout=1200
+        )
     return runs
 
 
@@ -52,3 +62,15 @@ def test_both_ran_model_runner_v2(mrv2_runs):
     for build in ("upstream", "overlay"):
         log = mrv2_runs[f"{build}_log"]
         assert RUNNER in log and "StandaloneCPUModelRunner" not in log, log[-3000:]
+
+
+def test_windows_match_upstream_on_model_runner_v2(mrv2_runs):
+    """Multi-step windows on GPUModelRunner's code: upstream's tokens, with windows really run."""
+    if WINDOWED not in mrv2_runs:
+        pytest.skip("windows run on Model Runner V1 here")
+    ours, theirs = mrv2_runs[WINDOWED], mrv2_runs["upstream"]
+    assert ours["async_scheduling"] is True
+    assert_same_outputs(ours, theirs, cases=MRV2_CASES)
+    log = mrv2_runs[f"{WINDOWED}_log"]
+    windows = re.findall(r"Multi-step decode on Model Runner V2 \((\w+)\): (\d+) windows, ([\d.]+) steps", log)
+    assert windows and windows[-1][0] == RUNNER and float(windows[-1][2]) > 2, windows or log[-3000:]

@@ -164,23 +164,36 @@ CONFIGS = _configs()
 # the same config, the slice's batches run on it after its cases (one engine start serves
 # both): here every oracle and all but the draft-model overlay engine. The long run takes all.
 CI_CONFIGS = ["default-N8", "default-N8-sync", "chunked-N16", "draft-N4-budget64"]
-# On a release without multi-step windows (vLLM 0.34.0, until they run on Model Runner V2):
-# single steps with async scheduling on (patch 0003), with the regressions of issue 18.
+# On a release without multi-step windows: single steps with async scheduling on (patch
+# 0003), with the regressions of issue 18.
 CI_CONFIGS_SINGLE_STEP = ["default-N1"]
+# On Model Runner V2 (vLLM 0.34.0): the windowed configs without drafts (windows with drafts
+# run on Model Runner V1 only), and the single-step one, whose regressions check the runner
+# that replaced patch 0010's file.
+CI_CONFIGS_MRV2 = ["default-N8", "default-N8-sync", "chunked-N16", "default-N1"]
 CI_SEED = 1800  # fixed: the slice is the same batches on every run
 CI_PER_CONFIG = 40  # batches are cheap (~0.4 s); the engine starts are what the slice costs
 
 
 def ci_configs() -> list[str]:
     """The slice's configurations for the release under test (tests/support/venvs.py)."""
-    from support.venvs import release_has_windows
+    from support.venvs import windows_runner
 
-    return CI_CONFIGS if release_has_windows() else CI_CONFIGS_SINGLE_STEP
+    return {"v1": CI_CONFIGS, "mrv2": CI_CONFIGS_MRV2}.get(windows_runner(), CI_CONFIGS_SINGLE_STEP)
 
 
 def ci_batches(name: str) -> list[dict]:
     """A CI configuration's batches: its regressions, then its random ones."""
-    return REGRESSIONS.get(name, []) + batches_for(CONFIGS[name], CI_SEED, CI_PER_CONFIG)
+    return regressions(name) + batches_for(CONFIGS[name], CI_SEED, CI_PER_CONFIG)
+
+
+def regressions(name: str) -> list[dict]:
+    """A configuration's regression batches, as the release under test's runner takes them
+    (Model Runner V2's cap on stop ids, below)."""
+    from support.venvs import windows_runner
+
+    found = REGRESSIONS.get(name, [])
+    return found if windows_runner() == "v1" else [_capped_stops(batch) for batch in found]
 
 
 def parity_key(build: str, config: Config) -> tuple | None:
@@ -334,14 +347,14 @@ def _regressions() -> dict[str, list[dict]]:
         "default-N8-sync": [mixed_logprobs, stops_after_min],
         # the same shapes in single steps: where patch 0010's file is gone (vLLM 0.34.0), the
         # runner that replaced it must keep min_tokens right when a penalties request joins
-        "default-N1": [mixed_logprobs, _capped_stops(stops_after_min)],
+        "default-N1": [mixed_logprobs, stops_after_min],
         "draft-N4-budget64": [draft_budget, *top_k],
     }
 
 
 # Model Runner V2 (vLLM 0.34.0) holds at most 128 stop ids (EOS included) for a request with
 # min_tokens; upstream's worker raises past that and the engine dies (an upstream bug this batch
-# found on 0.34.0: docs/fuzzing.md). The single-step regression stays under the cap.
+# found on 0.34.0: docs/fuzzing.md). On that runner the slice's regressions stay under the cap.
 MRV2_MAX_STOP_IDS_WITH_MIN_TOKENS = 128
 
 
@@ -353,7 +366,7 @@ def _capped_stops(batch: dict) -> dict:
         params["stop_token_ids"] = params["stop_token_ids"][: MRV2_MAX_STOP_IDS_WITH_MIN_TOKENS - 1]
         return {**request, "params": params}
 
-    return {"requests": [capped(r) if "stop_token_ids" in r["params"] else r for r in batch["requests"]]}
+    return {**batch, "requests": [capped(r) if "stop_token_ids" in r["params"] else r for r in batch["requests"]]}
 
 
 REGRESSIONS = _regressions()
@@ -675,7 +688,7 @@ def served_batches(pair: dict, seed: int, count: int) -> dict:
     """The mixed-logprobs regression batch and ``count`` random ones on both servers of ``pair``."""
     from support.serve_cases import MODEL
 
-    batches = REGRESSIONS["default-N8"] + batches_for(SERVED, seed, count)
+    batches = regressions("default-N8") + batches_for(SERVED, seed, count)
     kinds: dict[str, int] = {}
     failures = []
     for i, batch in enumerate(batches):
@@ -713,8 +726,8 @@ def fuzz(runner: Runner, names: list[str], seed: int, per_config: int, deadline:
     while True:
         for name in names:
             config = CONFIGS[name]
-            regressions = REGRESSIONS.get(name, []) if round_ == 0 else []
-            batches = regressions + batches_for(config, seed + round_, per_config)
+            first = regressions(name) if round_ == 0 else []
+            batches = first + batches_for(config, seed + round_, per_config)
             failures, compared = runner.check(config, batches, f"{name}-s{seed + round_}")
             entry = report["configs"].setdefault(name, {"batches": 0, "requests": 0, "failures": 0})
             entry["batches"] += compared

@@ -103,22 +103,28 @@ def release_under_test():
                            else "cpu")  # fmt: skip
 
 
-# Our module that runs a window's inner steps: where a release's tree does not take it (its
-# family's runner is gone: contract.toml [families]), that release has no multi-step windows.
-WINDOW_MODULE = "vllm/v1/worker/multi_step.py"
+# Our modules that run a window's steps, per runner (contract.toml [families]): a release's
+# tree takes the one whose runner it has; where it takes neither, it has no multi-step windows.
+WINDOW_MODULES = {"v1": "vllm/v1/worker/multi_step.py", "mrv2": "vllm/v1/worker/decode_window.py"}
 
 
 @functools.cache
-def release_has_windows() -> bool:
-    """Whether the release under test runs multi-step windows (vLLM 0.34.0 does not yet: the
-    worker side is written for Model Runner V1, which 0.34.0 removed)."""
+def windows_runner() -> str | None:
+    """The runner the release under test runs multi-step windows on: "v1" (Model Runner V1, vLLM
+    up to 0.33.0), "mrv2" (Model Runner V2, from 0.34.0 on), or None."""
     from overlay.contract import tree_reader
     from overlay.families import left_out
     from overlay.fetch import Cache
     from overlay.tree import UPSTREAM_TAG, base_repo
 
     repo = base_repo(release_under_test().lock(), Cache.locate(None), quiet=True)
-    return WINDOW_MODULE not in left_out(ROOT / "series", tree_reader(repo, UPSTREAM_TAG))
+    gone = left_out(ROOT / "series", tree_reader(repo, UPSTREAM_TAG))
+    return next((runner for runner, module in WINDOW_MODULES.items() if module not in gone), None)
+
+
+def release_has_windows() -> bool:
+    """Whether the release under test runs multi-step windows."""
+    return windows_runner() is not None
 
 
 def venv_dir(build: str, base: str | None = None) -> Path:

@@ -30,8 +30,9 @@ DEVICE_WINDOW_KEY = "multi_step_device_window"
 STOP_CHECK_KEY = "multi_step_stop_check_interval"
 DEFAULT_STOP_CHECK_INTERVAL = {"cpu": 1}
 DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR = 8
-# The runner the worker side of multi-step decode (vllm/v1/worker/multi_step*.py)
-# drives. vLLM 0.34.0 removed it; windows on Model Runner V2 are not written yet.
+# The runner the V1 worker side of multi-step decode (vllm/v1/worker/multi_step*.py)
+# drives. Where vLLM has no such runner (0.34.0 removed it), windows run on Model
+# Runner V2 (vllm/v1/worker/decode_window.py), the only runner there.
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # Drafters whose inner-step drafts the window can feed back exactly
 # (vllm/v1/worker/multi_step_spec.py); the others are untested in windows.
@@ -90,8 +91,21 @@ def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
     return enabled, interval
 
 
+def windows_on_v1_runner() -> bool:
+    """Whether windows run on Model Runner V1 (vLLM up to 0.33.0) rather than on
+    Model Runner V2."""
+    return importlib.util.find_spec(V1_RUNNER_MODULE) is not None
+
+
 def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
-    """Options multi-step decode cannot run exactly with."""
+    """Options multi-step decode cannot run exactly with, on the runner it uses."""
+    on_runner = (
+        _v1_runner_reasons if windows_on_v1_runner() else _model_runner_v2_reasons
+    )
+    return [*_common_reasons(vllm_config), *on_runner(vllm_config)]
+
+
+def _common_reasons(vllm_config: "VllmConfig") -> list[str]:
     reasons = []
     model_config = vllm_config.model_config
     if model_config is not None and model_config.runner_type == "pooling":
@@ -106,6 +120,18 @@ def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
         reasons.append("hybrid and attention-free (Mamba-style) models")
     if vllm_config.aux_output_config.enabled:
         reasons.append("auxiliary outputs such as routed experts (per step)")
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.pipeline_parallel_size > 1:
+        reasons.append("pipeline parallelism")
+    if parallel_config.data_parallel_size > 1:
+        reasons.append("data parallelism (ranks would run different step counts)")
+    if vllm_config.kv_transfer_config is not None:
+        reasons.append("KV transfer connectors")
+    return reasons
+
+
+def _v1_runner_reasons(vllm_config: "VllmConfig") -> list[str]:
+    reasons = []
     speculative_config = vllm_config.speculative_config
     if speculative_config is not None and (
         speculative_config.method not in SPEC_METHODS_IN_WINDOWS
@@ -115,20 +141,31 @@ def _unsupported_reasons(vllm_config: "VllmConfig") -> list[str]:
             + " and ".join(SPEC_METHODS_IN_WINDOWS)
             + ")"
         )
-    parallel_config = vllm_config.parallel_config
-    if parallel_config.pipeline_parallel_size > 1:
-        reasons.append("pipeline parallelism")
-    if parallel_config.data_parallel_size > 1:
-        reasons.append("data parallelism (ranks would run different step counts)")
-    if vllm_config.kv_transfer_config is not None:
-        reasons.append("KV transfer connectors")
-    # (gone from vllm.envs where Model Runner V2 is the only runner: vLLM 0.34.0)
     if getattr(envs, "VLLM_USE_V2_MODEL_RUNNER", None):
         reasons.append("VLLM_USE_V2_MODEL_RUNNER=1 (multi-step runs on the V1 runner)")
     if vllm_config.attention_config.hisparse_config is not None:
         reasons.append("HiSparse attention (needs the V2 model runner)")
     if getattr(vllm_config, "watermark_config", None) is not None:
         reasons.append("watermarking (needs the V2 model runner)")
+    return reasons
+
+
+def _model_runner_v2_reasons(vllm_config: "VllmConfig") -> list[str]:
+    """What windows on Model Runner V2 (vllm/v1/worker/decode_window.py) do not
+    run yet: each is per-step state the window has not been checked against."""
+    reasons = []
+    if vllm_config.speculative_config is not None:
+        reasons.append(
+            "speculative decoding on Model Runner V2 (windows with drafts run on "
+            "Model Runner V1 only, vLLM up to 0.33.0)"
+        )
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.return_sampling_mask:
+        reasons.append("return_sampling_mask (merged per window: not written yet)")
+    if vllm_config.attention_config.hisparse_config is not None:
+        reasons.append("HiSparse attention (untested in windows)")
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        reasons.append("watermarking (untested in windows)")
     return reasons
 
 
@@ -164,13 +201,6 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
     steps = scheduler_config.num_scheduler_steps
     if steps == 1:
         return
-    if importlib.util.find_spec(V1_RUNNER_MODULE) is None:
-        raise ValueError(
-            f"--num-scheduler-steps {steps}: multi-step decode is not available "
-            "on this vLLM yet. Its windows run on Model Runner V1, which this "
-            "release no longer has (removed in vLLM 0.34.0); windows on Model "
-            "Runner V2 are in progress. Use --num-scheduler-steps 1."
-        )
     device_window, stop_check_interval = device_window_options(vllm_config)
     reasons = _unsupported_reasons(vllm_config)
     if reasons:
@@ -179,6 +209,9 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             + "; ".join(reasons)
             + ". Use --num-scheduler-steps 1 for these."
         )
+    if not windows_on_v1_runner():
+        _log_model_runner_v2_windows(vllm_config, steps)
+        return
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call "
         "(async scheduling %s; inner steps on the device %s).",
@@ -188,3 +221,27 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
         if device_window
         else "off",
     )
+
+
+# Device types on which windows on Model Runner V2 have run (README, "Supported
+# releases"): elsewhere they start, with a warning that says so.
+MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
+
+
+def _log_model_runner_v2_windows(vllm_config: "VllmConfig", steps: int) -> None:
+    device_type = vllm_config.device_config.device_type
+    logger.info(
+        "Multi-step decode: up to %d decode steps per scheduler call on Model "
+        "Runner V2, each inner step the runner's own execute_model and "
+        "sample_tokens (async scheduling %s).",
+        steps,
+        "on" if vllm_config.scheduler_config.async_scheduling else "off",
+    )
+    if device_type not in MODEL_RUNNER_V2_WINDOWS_RAN_ON:
+        logger.warning(
+            "Multi-step decode on Model Runner V2 has not run on %s devices in "
+            "vllm-overlay's tests (only on %s): check its output against "
+            "--num-scheduler-steps 1 before relying on it.",
+            device_type,
+            ", ".join(MODEL_RUNNER_V2_WINDOWS_RAN_ON),
+        )

@@ -26,19 +26,18 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from vllm.config.multi_step import device_window_options, runner_async_scheduling
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
-from vllm.v1.outputs import (
-    AsyncModelRunnerOutput,
-    KVConnectorOutput,
-    LogprobsLists,
-    ModelRunnerOutput,
-)
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.multi_step_device import DeviceWindow
-from vllm.v1.worker.multi_step_lean import LeanDecodeStep, resolve_output
+from vllm.v1.worker.multi_step_lean import LeanDecodeStep
+from vllm.v1.worker.window_output import (
+    merge_step_outputs,
+    resolve_output,
+    returned_like,
+    stop_token_ids,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -51,30 +50,6 @@ logger = init_logger(__name__)
 # The key of DecodeWindowRunner.paths for windows whose inner steps ran on the
 # device; the other keys are the reasons a window ran step by step.
 DEVICE_PATH = "device"
-
-
-class _ReadyOutput(AsyncModelRunnerOutput):
-    """A window's merged output, in the async wrapper the caller expects."""
-
-    def __init__(self, output: ModelRunnerOutput) -> None:
-        self.output = output
-
-    def get_output(self) -> ModelRunnerOutput:
-        return self.output
-
-    def get_kv_connector_output(self) -> KVConnectorOutput | None:
-        # Abstract from vLLM 0.33.0 on (the executor's salvage path after a failed
-        # get_output); a merged output is already on the host.
-        return self.output.kv_connector_output
-
-
-def _returned_like(
-    first: ModelRunnerOutput | AsyncModelRunnerOutput, merged: ModelRunnerOutput
-) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-    """The window's output in the wrapper its first step came in."""
-    if isinstance(first, AsyncModelRunnerOutput):
-        return _ReadyOutput(merged)
-    return merged
 
 
 class DecodeWindowRunner:
@@ -242,7 +217,7 @@ class DecodeWindowRunner:
             )
             result = device.run(window, inner_step, first, cut, stops)
             self._done |= result.finished
-            return _returned_like(first, result.output)
+            return returned_like(first, result.output)
         steps = [resolve_output(first)]
         steps_left = {r: window.num_scheduled_tokens[r] for r in req_ids}
         self._leave_window(steps[-1], steps_left, cut, stops)
@@ -256,7 +231,7 @@ class DecodeWindowRunner:
             steps.append(resolve_output(runner.sample_tokens(None)))
             self._leave_window(steps[-1], steps_left, cut, stops)
             step += 1
-        return _returned_like(first, merge_step_outputs(steps))
+        return returned_like(first, merge_step_outputs(steps))
 
     def _leave_window(
         self,
@@ -334,101 +309,4 @@ def _without(cached: CachedRequestData, req_ids: set[str]) -> CachedRequestData:
         new_block_ids=[cached.new_block_ids[i] for i in keep],
         num_computed_tokens=[cached.num_computed_tokens[i] for i in keep],
         num_output_tokens=[cached.num_output_tokens[i] for i in keep],
-    )
-
-
-def stop_token_ids(params) -> frozenset[int]:
-    """The token ids that end a request as soon as it samples one.
-
-    The scheduler's check_stop stops on these before any other check; the
-    min_tokens logits processor keeps them from being sampled too early.
-    """
-    if params is None:
-        return frozenset()
-    stops = frozenset(params.stop_token_ids or ())
-    return stops if params.eos_token_id is None else stops | {params.eos_token_id}
-
-
-def merge_step_outputs(steps: list[ModelRunnerOutput]) -> ModelRunnerOutput:
-    """One output with each request's tokens (and logprob rows) in step order."""
-    first = steps[0]
-    rows: list[list[tuple[ModelRunnerOutput, int]]] = []
-    for req_id in first.req_ids:
-        rows.append(
-            [
-                (step, step.req_id_to_index[req_id])
-                for step in steps
-                if req_id in step.req_id_to_index
-                and step.sampled_token_ids[step.req_id_to_index[req_id]]
-            ]
-        )
-    sampled = [
-        [tok for step, i in req_rows for tok in step.sampled_token_ids[i]]
-        for req_rows in rows
-    ]
-    num_nans: dict[str, int] = {}
-    prompt_logprobs = {}
-    for step in steps:
-        num_nans.update(step.num_nans_in_logits or {})
-        prompt_logprobs.update(step.prompt_logprobs_dict)
-    return replace(
-        first,
-        sampled_token_ids=sampled,
-        logprobs=_merge_logprobs(rows) if first.logprobs is not None else None,
-        prompt_logprobs_dict=prompt_logprobs,
-        num_nans_in_logits=num_nans or first.num_nans_in_logits,
-    )
-
-
-def _merge_logprobs(
-    rows: list[list[tuple[ModelRunnerOutput, int]]],
-) -> LogprobsLists:
-    """Concatenate per-step logprob rows per request.
-
-    Each step's arrays are as wide as that step's largest logprobs request;
-    narrower rows are padded on the right (readers use a request's own count).
-    A step after the last logprobs request left the window has no logprobs;
-    the requests still in it did not ask for any (a request that asks is in
-    every step it runs), so they get placeholder rows that keep each request's
-    rows where `cu_num_generated_tokens` says, and that nothing reads.
-    """
-    present = [
-        step.logprobs
-        for req_rows in rows
-        for step, _ in req_rows
-        if step.logprobs is not None
-    ]
-    width = max(lists.logprob_token_ids.shape[1] for lists in present)
-    token_ids, logprobs, ranks, cu = [], [], [], [0]
-    for req_rows in rows:
-        num_rows = 0
-        for step, i in req_rows:
-            # One row per generated token: several when drafts were accepted.
-            num_tokens = len(step.sampled_token_ids[i])
-            if step.logprobs is None:
-                lists = _placeholder_logprobs(present[0], num_tokens)
-            else:
-                lists = step.logprobs.slice_request(i, num_tokens)
-            pad = width - lists.logprob_token_ids.shape[1]
-            token_ids.append(np.pad(lists.logprob_token_ids, ((0, 0), (0, pad))))
-            logprobs.append(
-                np.pad(lists.logprobs, ((0, 0), (0, pad)), constant_values=-np.inf)
-            )
-            ranks.append(lists.sampled_token_ranks)
-            num_rows += num_tokens
-        cu.append(cu[-1] + num_rows)
-    return LogprobsLists(
-        np.concatenate(token_ids),
-        np.concatenate(logprobs),
-        np.concatenate(ranks),
-        cu,
-    )
-
-
-def _placeholder_logprobs(like: LogprobsLists, num_rows: int) -> LogprobsLists:
-    """`num_rows` empty rows with the dtypes of `like` (padded by the caller)."""
-    return LogprobsLists(
-        np.zeros((num_rows, 0), dtype=like.logprob_token_ids.dtype),
-        np.zeros((num_rows, 0), dtype=like.logprobs.dtype),
-        np.zeros(num_rows, dtype=like.sampled_token_ranks.dtype),
     )

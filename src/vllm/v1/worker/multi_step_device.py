@@ -55,7 +55,8 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
-from vllm.v1.worker.multi_step_lean import last_sampled, resolve_output
+from vllm.v1.worker.multi_step_lean import last_sampled
+from vllm.v1.worker.window_output import resolve_output
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput

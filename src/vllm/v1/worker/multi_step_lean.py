@@ -41,6 +41,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.block_table import SlotMappingMode
 from vllm.v1.worker.gpu_model_runner import ExecuteModelState
+from vllm.v1.worker.window_output import resolve_output
 
 if TYPE_CHECKING:
     from vllm.compilation.cuda_graph import CUDAGraphStat
@@ -305,14 +306,6 @@ class _StepShape:
             ),
             first_position=first_position,
         )
-
-
-def resolve_output(
-    output: "ModelRunnerOutput | AsyncModelRunnerOutput",
-) -> "ModelRunnerOutput":
-    if isinstance(output, AsyncModelRunnerOutput):
-        return output.get_output()
-    return output
 
 
 def last_sampled(

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.worker.multi_step import follow_up_step, stop_token_ids
-from vllm.v1.worker.multi_step_lean import resolve_output
+from vllm.v1.worker.multi_step import follow_up_step
+from vllm.v1.worker.window_output import resolve_output, stop_token_ids
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner

@@ -1,17 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Merging a decode window's step outputs (vllm/v1/worker/multi_step.py).
+"""Merging a decode window's step outputs (vllm/v1/worker/window_output.py), on
+either model runner.
 
 A window's batch shrinks as requests leave it, so later steps may lack what
 earlier ones had: issue 18's crash was a window whose logprobs requests all
 finished before the others, leaving steps with no logprobs at all.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
-from vllm.v1.worker.multi_step import _returned_like, merge_step_outputs
+from vllm.v1.worker.window_output import merge_step_outputs, returned_like
 
 pytestmark = pytest.mark.cpu_test
 
@@ -25,11 +28,15 @@ def _step(tokens: dict[str, int], logprobs: dict[str, float] | None):
             np.array([[logprobs.get(r, 0.0), -9.0] for r in req_ids], np.float32),
             np.array([1 for _ in req_ids], dtype=np.int32),
         )
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    # vLLM 0.34.0 dropped req_id_to_index (outputs are found by req_ids)
+    by_index = {r: i for i, r in enumerate(req_ids)}
+    extra = {"req_id_to_index": by_index} if "req_id_to_index" in fields else {}
     return ModelRunnerOutput(
         req_ids=req_ids,
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
         sampled_token_ids=[[tokens[r]] for r in req_ids],
         logprobs=lists,
+        **extra,
     )
 
 
@@ -51,6 +58,18 @@ def test_steps_after_the_last_logprobs_request_left():
     assert merged.logprobs.cu_num_generated_tokens == [0, 2, 6]
     assert merged.logprobs.logprob_token_ids.dtype == np.int32
     assert len(merged.logprobs.sampled_token_ranks) == 6
+
+
+def test_rows_stay_request_major_in_step_order():
+    steps = [
+        _step({"a": 1, "b": 2}, {"a": -1.0, "b": -2.0}),
+        _step({"a": 3}, {"a": -3.0}),
+    ]
+    merged = merge_step_outputs(steps)
+    assert merged.sampled_token_ids == [[1, 3], [2]]
+    assert merged.logprobs.cu_num_generated_tokens == [0, 2, 3]
+    assert merged.logprobs.logprobs[:, 0].tolist() == [-1.0, -3.0, -2.0]
+    assert merged.logprobs.slice_request(1, 1).logprobs.tolist() == [[-2.0, -9.0]]
 
 
 def test_a_window_without_logprobs_has_none():
@@ -75,8 +94,8 @@ def test_a_window_after_an_async_first_step_comes_back_async():
     # Every abstract method of the release's AsyncModelRunnerOutput is defined
     # (0.33.0 added get_kv_connector_output): the wrapper can be made at all.
     merged = merge_step_outputs([_step({"a": 1}, None), _step({"a": 2}, None)])
-    returned = _returned_like(_AsyncStep(merged), merged)
+    returned = returned_like(_AsyncStep(merged), merged)
     assert isinstance(returned, AsyncModelRunnerOutput)
     assert returned.get_output() is merged
     assert returned.get_kv_connector_output() is merged.kv_connector_output
-    assert _returned_like(merged, merged) is merged
+    assert returned_like(merged, merged) is merged
