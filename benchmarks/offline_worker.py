@@ -36,20 +36,20 @@ def main() -> None:
         sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
         if not torch.cuda.is_available():
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        from vllm.v1.worker import gpu_model_runner
 
-        original = gpu_model_runner.GPUModelRunner._model_forward
+        def timed(original):
+            def forward(self, *args, **kw):
+                sync()
+                start = time.perf_counter()
+                out = original(self, *args, **kw)
+                sync()
+                if kw.get("input_ids") is not None and kw["input_ids"].shape[0] == batch:
+                    forward_times.append(time.perf_counter() - start)
+                return out
 
-        def timed(self, *args, **kw):
-            sync()
-            start = time.perf_counter()
-            out = original(self, *args, **kw)
-            sync()
-            if kw.get("input_ids") is not None and kw["input_ids"].shape[0] == batch:
-                forward_times.append(time.perf_counter() - start)
-            return out
+            return forward
 
-        gpu_model_runner.GPUModelRunner._model_forward = timed
+        _time_forwards(timed)
     timer_dir = _time_worker_forward(batch) if "--worker-forward" in sys.argv else None
     from vllm import LLM, SamplingParams
 
@@ -87,6 +87,36 @@ def main() -> None:
         result["forward_threads"] = torch.get_num_threads()
         result["forward_cores"] = sorted(os.sched_getaffinity(0))
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def _time_forwards(timed) -> None:
+    """Wrap the model's forward as the runner calls it, on the runner this vLLM has."""
+    try:  # Model Runner V1 (vLLM up to 0.33.0): the runner's own forward method
+        from vllm.v1.worker import gpu_model_runner
+
+        runner = gpu_model_runner.GPUModelRunner
+        runner._model_forward = timed(runner._model_forward)
+        return
+    except ImportError:
+        pass
+    # Model Runner V2 only (0.34.0 on): the runners call the model itself; wrap its class's
+    # forward once the runner has loaded it.
+    from vllm.v1.worker.cpu.standalone_model_runner import StandaloneCPUModelRunner
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    for runner in (StandaloneCPUModelRunner, GPUModelRunner):
+        runner.load_model = _then_time_model(runner.load_model, timed)
+
+
+def _then_time_model(load_model, timed):
+    def load(self, *args, **kw):
+        out = load_model(self, *args, **kw)
+        cls = type(self.model)
+        if not getattr(cls, "_forward_timed", False):
+            cls.forward, cls._forward_timed = timed(cls.forward), True
+        return out
+
+    return load
 
 
 def _time_worker_forward(batch: int) -> Path:
