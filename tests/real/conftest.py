@@ -18,6 +18,7 @@ from support.venvs import (
     tiny_model,
     venv_dir,
     vllm_venv,
+    windows_runner,
 )
 from support.venvs import overlay_wheel as build_overlay_wheel
 from support.venvs import upstream_wheel as fetch_upstream_wheel
@@ -56,11 +57,18 @@ def lock():
 
 @pytest.fixture(scope="session")
 def windows():
-    """Skips a test of multi-step windows on a release that has none (vLLM 0.34.0 refuses
-    --num-scheduler-steps > 1 until windows run on Model Runner V2: test_multi_step.py)."""
+    """Skips a test of multi-step windows on a release that has none (every supported release
+    has them today: Model Runner V1 up to 0.33.0, Model Runner V2 from 0.34.0 on)."""
     if not release_has_windows():
-        pytest.skip(f"vLLM {release_under_test().version} has no multi-step windows yet (they run on Model Runner V1, "
-                    "which it removed); test_refused_where_windows_cannot_run checks the refusal")  # fmt: skip
+        pytest.skip(f"vLLM {release_under_test().version} has no multi-step windows")
+
+
+@pytest.fixture(scope="session")
+def drafts_in_windows(windows):
+    """Skips a test of speculative decoding inside windows where they do not run it (on Model
+    Runner V2 they refuse drafts at startup: test_multi_step_refused.py checks the refusal)."""
+    if windows_runner() != "v1":
+        pytest.skip(f"vLLM {release_under_test().version}: windows with drafts run on Model Runner V1 only")
 
 
 @pytest.fixture(scope="session")

@@ -45,8 +45,8 @@ from support.parity import (
 from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, assert_same, completion
 from support.venvs import draft_models
 
-# Multi-step windows only (skipped, with the reason, on a release that has none).
-pytestmark = pytest.mark.usefixtures("windows")
+# Windows with drafts only (skipped, with the reason, where they do not run: Model Runner V2).
+pytestmark = pytest.mark.usefixtures("drafts_in_windows")
 
 # name: (drafter, steps, engine overrides, cases); N = 4: windows of several inner steps
 RUNS = {
