@@ -28,8 +28,9 @@ from support.serve_cases import (
     completion,
 )
 
-# Multi-step windows only (skipped, with the reason, on a release that has none).
-pytestmark = pytest.mark.usefixtures("windows")
+# Multi-step windows only (skipped, with the reason, on a release that has none); on every
+# supported release (apply.py test), each on its own runner.
+pytestmark = [pytest.mark.every_release, pytest.mark.usefixtures("windows")]
 
 STEPS = 8
 
