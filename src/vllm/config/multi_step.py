@@ -166,6 +166,10 @@ def _model_runner_v2_reasons(vllm_config: "VllmConfig") -> list[str]:
         reasons.append("HiSparse attention (untested in windows)")
     if getattr(vllm_config, "watermark_config", None) is not None:
         reasons.append("watermarking (untested in windows)")
+    if vllm_config.parallel_config.enable_eplb:
+        # EPLB counts expert loads after each of the runner's whole steps; a
+        # window's inner steps are its forward and sampler only.
+        reasons.append("expert-parallel load balancing (EPLB steps per runner step)")
     return reasons
 
 

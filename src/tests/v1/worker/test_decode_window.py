@@ -4,6 +4,10 @@
 stand-in runner: which steps run, which requests leave a window (merging the steps'
 outputs: test_window_output.py)."""
 
+from types import SimpleNamespace
+
+import torch
+
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -13,21 +17,59 @@ EOS = 2
 
 
 class ScriptedRunner:
-    """Samples, for each request, the next token of its script; records each step."""
+    """Samples, for each request, the next token of its script; records each step
+    and each state update.
+
+    A window's step 1 goes through `sample_tokens` (the runner's whole step);
+    its inner steps through `sample` and `postprocess_sampled`, the two pieces
+    of it they use (Model Runner V2's names and shapes).
+    """
 
     def __init__(self, scripts: dict[str, list[int]]) -> None:
         self.scripts = {r: list(tokens) for r, tokens in scripts.items()}
         self.steps: list[SchedulerOutput] = []
+        self.execute_model_state = None
+        # The tokens each inner step's post_update wrote, in row order.
+        self.updates: list[list[int]] = []
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self.steps.append(scheduler_output)
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        inputs = SimpleNamespace(
+            req_ids=req_ids,
+            idx_mapping=torch.arange(len(req_ids)),
+            query_start_loc=torch.arange(len(req_ids) + 1),
+        )
+        self.execute_model_state = SimpleNamespace(
+            input_batch=inputs, hidden_states=torch.zeros(len(req_ids), 4)
+        )
+
+    def _next_tokens(self) -> list[int]:
+        executed, self.execute_model_state = self.execute_model_state, None
+        return [self.scripts[r].pop(0) for r in executed.input_batch.req_ids]
 
     def sample_tokens(self, grammar_output) -> ModelRunnerOutput:
-        req_ids = list(self.steps[-1].num_scheduled_tokens)
+        req_ids = self.execute_model_state.input_batch.req_ids
+        tokens = self._next_tokens()
         return ModelRunnerOutput(
-            req_ids=req_ids,
-            sampled_token_ids=[[self.scripts[r].pop(0)] for r in req_ids],
+            req_ids=req_ids, sampled_token_ids=[[t] for t in tokens]
         )
+
+    def sample(self, hidden_states, inputs, grammar_output):
+        assert grammar_output is None and hidden_states.shape[0] == len(inputs.req_ids)
+        self.execute_model_state = SimpleNamespace(input_batch=inputs)
+        sampled = torch.tensor(self._next_tokens()).view(-1, 1)
+        num_sampled = torch.ones(len(inputs.req_ids), dtype=torch.int32)
+        output = SimpleNamespace(
+            sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None
+        )
+        return output, num_sampled, torch.zeros_like(num_sampled)
+
+    def postprocess_sampled(
+        self, idx_mapping, sampled, num_sampled, num_rejected, query_start_loc
+    ):
+        assert idx_mapping.shape[0] == sampled.shape[0] == num_sampled.shape[0]
+        self.updates.append(sampled.view(-1).tolist())
 
 
 class Worker:
@@ -114,6 +156,9 @@ def test_window_runs_each_request_to_its_stop_or_its_last_step():
         [12],
         [13],
     ]
+    # each inner step sampled with upstream's pieces and updated the runner's state
+    assert runner.updates == [[9, 9], [10], [11]]
+    assert runner.execute_model_state is None
 
 
 def test_async_step_planned_before_the_stop_was_known_runs_without_it():

@@ -5,16 +5,21 @@
 The scheduler marks a window (`SchedulerOutput.multi_step_window`) and gives
 each request the number of decode steps it may run
 (vllm/v1/core/sched/multi_step.py); the KV blocks for all of them arrive with
-the window. The worker runs the window on the model runner vLLM picked, through
-the runner's own step, `execute_model` + `sample_tokens`, once per inner step:
-step 1 is the scheduler's output with one token per request, each later step
-the output a single-step scheduler would send for the next position of the
-requests still in the window. Model Runner V2 keeps every request's state on
-the device (token history, last sampled token, computed count, penalty counts,
-per-request seeds keyed by position), and a step reads its input ids and
-positions from that state: so each inner step is exactly the step upstream
-would run, with every sampling option (penalties, bad words, logit bias,
-min_tokens, logits processors, logprobs) computed by upstream's sampler.
+the window. The worker runs the window on the model runner vLLM picked. Step 1
+is the runner's own step, `execute_model` + `sample_tokens`, on the
+scheduler's output with one token per request. Each later step executes the
+output a single-step scheduler would send for the next position of the
+requests still in the window (the runner's `execute_model`: its input kernels,
+attention metadata and forward, graphs included where it captures them), then
+samples with the runner's own sampler and state update (`sample`,
+`postprocess_sampled`) and nothing else of `sample_tokens`: an inner step
+builds no output object, prompt logprobs or per-step copy of its own.
+Model Runner V2 keeps every request's state on the device (token history,
+last sampled token, computed count, penalty counts, per-request seeds keyed
+by position), and a step reads its input ids and positions from that state:
+so each inner step computes exactly what upstream's step would, with every
+sampling option (penalties, bad words, logit bias, min_tokens, logits
+processors, logprobs) computed by upstream's sampler.
 
 Both runners serve: `GPUModelRunner` (vllm/v1/worker/gpu/, also the x86 CPU
 runner as `CPUModelRunner`) and `StandaloneCPUModelRunner`
@@ -149,10 +154,52 @@ class DecodeWindowRunner:
                     {r: num_outputs[r] + offset for r in running},
                 )
             )
-            steps.append(resolve_output(self.model_runner.sample_tokens(None)))
+            steps.append(self._sample_inner_step())
             running = self._still_running(steps[-1], running, planned, len(steps))
         self._count(len(steps))
         return returned_like(first, merge_step_outputs(steps))
+
+    def _sample_inner_step(self) -> ModelRunnerOutput:
+        """Sample the inner step the runner just executed, with upstream's own
+        sampler and state update (`sample`, `postprocess_sampled`: post_update
+        advances computed counts, token history, last token, penalty counts).
+
+        The rest of the runner's `sample_tokens` is left out: an inner step is
+        a decode step of requests already running, so it has no prompt
+        logprobs, and the KV connectors, auxiliary outputs, EPLB and drafters
+        that would act per step are refused with windows
+        (vllm/config/multi_step.py). Nor is a step's output copied or wrapped
+        on its own: only what the window reads (token ids, logprob rows) is
+        taken to the host.
+        """
+        model_runner = self.model_runner
+        executed = model_runner.execute_model_state
+        model_runner.execute_model_state = None  # consumed, as sample_tokens does
+        assert executed is not None and executed.hidden_states is not None
+        step_batch = executed.input_batch
+        step_sample, num_sampled, num_rejected = model_runner.sample(
+            executed.hidden_states, step_batch, None
+        )
+        model_runner.postprocess_sampled(
+            step_batch.idx_mapping,
+            step_sample.sampled_token_ids,
+            num_sampled,
+            num_rejected,
+            step_batch.query_start_loc,
+        )
+        token_ids = step_sample.sampled_token_ids.tolist()
+        for row, num_tokens in zip(token_ids, num_sampled.tolist(), strict=True):
+            del row[num_tokens:]
+        output = ModelRunnerOutput(
+            req_ids=step_batch.req_ids, sampled_token_ids=token_ids
+        )
+        if step_sample.logprobs_tensors is not None:
+            output.logprobs = step_sample.logprobs_tensors.tolists()
+        if step_sample.num_nans is not None:
+            output.num_nans_in_logits = dict(
+                zip(step_batch.req_ids, step_sample.num_nans.tolist(), strict=True)
+            )
+        return output
 
     def _still_running(
         self,
