@@ -460,21 +460,24 @@ def _exact_problems(ours: dict, theirs: dict) -> list[str]:
         for key in ("text", "finish_reason", "stop_reason"):
             if a[key] != b[key]:
                 problems.append(f"completion {i}: {key} overlay {a[key]!r}, upstream {b[key]!r}")
-        problems += _logprob_problems(f"completion {i} logprobs", a["logprobs"], b["logprobs"])
+        problems += _logprob_problems(f"completion {i} logprobs", a["logprobs"], b["logprobs"], a["token_ids"])
     return problems
 
 
-def _logprob_problems(what: str, a: list | None, b: list | None) -> list[str]:
+def _logprob_problems(what: str, a: list | None, b: list | None, sampled: list[int] | None = None) -> list[str]:
     """Per position: the same values (within LOGPROB_TOL), and the same token ids and
     ranks for every value that is not tied: which of several tokens with one value a
     row lists, and in which order, is arbitrary (e.g. tokens a grammar masks to -inf).
     The row's last rank may also tie with a token the row leaves out (found by the long
     run of 2026-12-02: Qwen3, structured output, rank 2 of 2 was token 205 in one build
     and 202 in the other, both -3.0856964588165283), so its id is not compared there;
-    its value is, and the sampled token's id is compared in the token ids."""
+    its value is, and the sampled token's id is compared in the token ids. ``sampled``: the
+    token sampled at each position (both builds'), where the rows are a completion's."""
     if (a is None) != (b is None) or len(a or []) != len(b or []):
         return [f"{what}: {None if a is None else len(a)} rows, upstream {None if b is None else len(b)}"]
     for pos, (ra, rb) in enumerate(zip(a or [], b or [], strict=True)):
+        if sampled is not None and pos < len(sampled):
+            ra, rb = _without_ties_at_the_sampled_value(ra, rb, sampled[pos])
         if (ra is None) != (rb is None) or len(ra or []) != len(rb or []):
             return [f"{what}: position {pos} has {ra} entries, upstream {rb}"]
         values_a, values_b = sorted(v for _, v, _ in ra or []), sorted(v for _, v, _ in rb or [])
@@ -483,6 +486,27 @@ def _logprob_problems(what: str, a: list | None, b: list | None) -> list[str]:
         if _untied(ra) != _untied(rb):
             return [f"{what}: position {pos} ids/ranks {_untied(ra)}, upstream {_untied(rb)}"]
     return []
+
+
+def _without_ties_at_the_sampled_value(ra: list | None, rb: list | None, token: int) -> tuple[list | None, list | None]:
+    """Both rows without the entries whose logprob is exactly the sampled token's, and without
+    the sampled token's rank, where either row has such an entry.
+
+    Found by the long run of 2026-12-03 (0.34.0, preemption, N = 8 and N = 4 async off;
+    deterministic on replay): with logprobs=1 the sampled token 202 was rank 1 and alone in one
+    build's row, rank 3 beside token 201 (rank 1) in the other's, both at -1.1378294229507446 in
+    both builds. Raw logits a few ulps apart (the preempted request's KV recomputed at another
+    step, in another batch) round to one logprob and still order the tied tokens, so which of
+    them is top-1, whether the sampled token is listed apart from the top-k, and its rank are
+    arbitrary there. The sampled token's value and every entry at another value are still
+    compared (its id is compared in the token ids). Rows with ranks only (through `LLM`)."""
+    mine = [next((e for e in row or [] if e[0] == token), None) for row in (ra, rb)]
+    if None in mine or mine[0][1] != mine[1][1] or None in (mine[0][2], mine[1][2]):
+        return ra, rb
+    value = mine[0][1]
+    if not any(e[1] == value and e[0] != token for e in (ra or []) + (rb or [])):
+        return ra, rb
+    return tuple(sorted([[token, value, None], *(e for e in row if e[1] != value)]) for row in (ra, rb))
 
 
 def _untied(row: list | None) -> list[tuple[int, int]]:

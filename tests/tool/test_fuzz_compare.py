@@ -25,3 +25,23 @@ def test_served_rows_without_ranks_tie_at_their_lowest_value():
     ours = [["a", -0.5, None], ["b", -2.0, None]]
     assert _logprob_problems("lp", [ours], [[["a", -0.5, None], ["c", -2.0, None]]]) == []
     assert _logprob_problems("lp", [ours], [[["c", -0.5, None], ["b", -2.0, None]]])
+
+
+def test_tokens_tied_with_the_sampled_one_may_rank_in_any_order():
+    """Found by the long run of 2026-12-03 (0.34.0, preemption): logprobs=1, the sampled token 202
+    at rank 1 alone in the overlay's row, at rank 3 beside token 201 (rank 1, the same value) in
+    upstream's. Rows are sorted by token id, as the harness records them."""
+    value = -1.1378294229507446
+    overlay = [[202, value, 1]]
+    upstream = [[201, value, 1], [202, value, 3]]
+    assert _logprob_problems("lp", [overlay], [upstream], [202]) == []
+    assert _logprob_problems("lp", [upstream], [overlay], [202]) == []
+    # without the sampled tokens (prompt logprobs) nothing is dropped
+    assert _logprob_problems("lp", [overlay], [upstream])
+    # the sampled token's value and every entry at another value are still compared
+    assert _logprob_problems("lp", [[[202, value + 0.5, 1]]], [upstream], [202])
+    assert _logprob_problems("lp", [[[201, value + 0.5, 1], [202, value, 3]]], [upstream], [202])
+    assert _logprob_problems("lp", [[[202, -1.0, 1]]], [[[201, -0.5, 1], [202, -1.0, 2]]], [202])
+    wider = [[7, -2.0, 2], [201, value, 1], [202, value, 3]]
+    assert _logprob_problems("lp", [wider], [[[7, -2.5, 2], [202, value, 1]]], [202])
+    assert _logprob_problems("lp", [wider], [[[7, -2.0, 2], [202, value, 1]]], [202]) == []
