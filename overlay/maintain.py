@@ -151,9 +151,19 @@ def _format_patches(tree_dir: Path, added: dict) -> dict[str, bytes]:
 def _keep_names(fresh: dict[str, bytes], old: list[str]) -> dict[str, bytes]:
     """``fresh`` (git's names: a number by position, then the subject) in series order, each
     under the name the series already gives that subject: a patch keeps its number when one
-    before it leaves the series."""
+    before it leaves the series. A new subject keeps git's name unless its number is not past
+    every kept patch's; then it takes the next number past them (git's by position would reuse
+    the number of a patch that left, which a kept release's own series may still use)."""
     by_subject = {name.split("-", 1)[1]: name for name in old if "-" in name}
-    named = {by_subject.get(name.split("-", 1)[1], name): data for name, data in sorted(fresh.items())}
+    kept = [by_subject[n.split("-", 1)[1]] for n in fresh if n.split("-", 1)[1] in by_subject]
+    last = max((int(n.split("-", 1)[0]) for n in kept if n.split("-", 1)[0].isdigit()), default=0)
+    named = {}
+    for name, data in sorted(fresh.items()):
+        number, subject = name.split("-", 1)
+        if subject not in by_subject and number.isdigit() and int(number) <= last:
+            last += 1
+            by_subject[subject] = f"{last:0{len(number)}d}-{subject}"
+        named[by_subject.get(subject, name)] = data
     if len(named) != len(fresh):
         raise InputError(f"two commits of the branch have the same subject: {', '.join(sorted(fresh))}")
     return named

@@ -17,11 +17,10 @@ every run (no block leaked by a window).
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-from support.engines import run_env
+from support.engines import run_env, script_result
 from support.parity import STRUCTURED_CASE, assert_same_outputs, case_outputs
 from support.venvs import windows_runner
 
@@ -176,11 +175,7 @@ print("RESULT" + json.dumps({
 def test_option_and_refusals(overlay_python, tiny_llama, tmp_path):
     if windows_runner() != "v1":
         pytest.skip("Model Runner V1's options; test_multi_step_refused.py checks Model Runner V2's")
-    script = tmp_path / "options.py"
-    script.write_text(OPTION_CHECKS)
-    proc = run_env(overlay_python, script, tiny_llama)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    got = json.loads(proc.stdout.split("RESULT", 1)[1])
+    got = script_result(overlay_python, OPTION_CHECKS, tiny_llama, tmp_path=tmp_path)
     assert got["flag"]["steps"] == 4
     assert got["alias"]["steps"] == 3
     # Where vLLM would pick Model Runner V2 (Triton present), multi-step asked for by the option
@@ -242,11 +237,7 @@ def test_refuses_recurrent_models_and_per_step_outputs(overlay_python, tiny_llam
     """Windows are refused, with the reason, where their merge or state would not be exact:
     Mamba-style models and routed experts (a per-step field). Sampling masks (also per step)
     need Model Runner V2, which windows never run on, and upstream refuses them without it."""
-    script = tmp_path / "refusals.py"
-    script.write_text(REFUSAL_CHECKS)
-    proc = run_env(overlay_python, script, tiny_llama, tmp_path / "mamba")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    got = json.loads(proc.stdout.split("RESULT", 1)[1])
+    got = script_result(overlay_python, REFUSAL_CHECKS, tiny_llama, tmp_path / "mamba", tmp_path=tmp_path)
     assert got["mamba_single"] == {"steps": 1, "attention_free": True}  # the model itself is accepted
     assert "hybrid and attention-free (Mamba-style) models" in got["mamba"]["error"]
     if windows_runner() == "v1":

@@ -10,10 +10,8 @@ N = 1 (the default) starts as upstream does, drafts included. On Model Runner V1
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from support.engines import run_env
+from support.engines import script_result
 from support.venvs import windows_runner
 
 pytestmark = pytest.mark.every_release
@@ -49,11 +47,7 @@ print("RESULT" + json.dumps({
 def test_options_on_model_runner_v2(overlay_python, tiny_llama, tmp_path):
     if windows_runner() != "mrv2":
         pytest.skip("windows run on Model Runner V1 here (test_multi_step.py checks its options)")
-    script = tmp_path / "options.py"
-    script.write_text(CHECKS)
-    proc = run_env(overlay_python, script, tiny_llama, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    got = json.loads(proc.stdout.split("RESULT", 1)[1])
+    got = script_result(overlay_python, CHECKS, tiny_llama, tmp_path=tmp_path, timeout=300)
     # async scheduling on by default on CPU (patch 0003), windows under it
     assert got["flag"] == {"steps": 8, "async": True}, got
     assert got["flag_sync"] == {"steps": 8, "async": False}, got

@@ -27,6 +27,16 @@ def run_env(*cmd, timeout: int = 600, extra_env: dict | None = None, **kw) -> su
                           env={**os.environ, **VLLM_ENV, **(extra_env or {})}, **kw)  # fmt: skip
 
 
+def script_result(python: Path, source: str, *args, tmp_path: Path, timeout: int = 600) -> dict:
+    """Run the script ``source`` in ``python``'s venv with ``args``; the JSON it prints after
+    "RESULT" on one line (the script must exit 0)."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    proc = run_env(python, script, *args, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1].splitlines()[0])
+
+
 def generate(python: Path, spec: dict, tmp_path: Path, tag: str, timeout: int = 600) -> tuple[dict, str]:
     """Run ``spec`` with tests/support/generate.py in ``python``'s venv; (outputs, log)."""
     spec_file, out_file, log_file = (tmp_path / f"{tag}-{part}" for part in ("spec.json", "out.json", "log.txt"))

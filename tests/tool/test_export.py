@@ -64,6 +64,13 @@ def test_export_writes_edits_new_and_dropped_patches(upstream):
     }
     assert sorted(p.name for p in (upstream.root / "patches").iterdir()) == ["0002-engine-hook.patch"]
     assert upstream.series.read_text().splitlines()[1:] == ["0002-engine-hook.patch"]
+    # a new patch takes the next number past the series' (git's by position would reuse 0002's
+    # dropped predecessor's 0001... or collide with 0002 itself)
+    (tree / "vllm/engine.py").write_text((tree / "vllm/engine.py").read_text() + "HOOK = 2\n")
+    _git(tree, "commit", "-q", "-am", "engine: second hook\n\nUpstream-Status: not-forwarded\nTests: none")
+    code, out = run_json("export", *upstream.args(), "--tree", str(tree))
+    assert code == 0, out
+    assert upstream.series.read_text().splitlines()[1:] == ["0002-engine-hook.patch", "0003-engine-second-hook.patch"]
 
 
 def test_export_sends_new_files_to_src_and_upstream_changes_to_patches(upstream):
