@@ -138,8 +138,10 @@ def _configs() -> dict[str, Config]:
         Config("chunked-N16", "llama", CHUNKED, 16, **chunked),
         Config("preempt-N8", "llama", PREEMPT, 8),
         Config("preempt-N4-sync", "llama", PREEMPT, 4, async_off=True),
+        Config("preempt-N16", "llama", PREEMPT, 16),
         Config("prefix-N8", "llama", {"enable_prefix_caching": True}, 8, shared_prefix=True),
         Config("prefix-N3-sync", "llama", {"enable_prefix_caching": True}, 3, async_off=True, shared_prefix=True),
+        Config("prefix-N16", "llama", {"enable_prefix_caching": True}, 16, shared_prefix=True),
         Config("maxlen96-N8", "llama", {"max_model_len": 96}, 8),
         Config("maxlen96-N5-sync", "llama", {"max_model_len": 96}, 5, async_off=True),
         Config("ngram-N4", "llama", {}, 4, drafter="ngram", structured=False, draft_params=True),
@@ -154,6 +156,7 @@ def _configs() -> dict[str, Config]:
         Config("mtp-N4", "mimo", {}, 4, drafter="mtp", structured=False, draft_params=True),
         Config("qwen3-N8", "qwen3", {}, 8),
         Config("qwen3-N4-sync", "qwen3", {}, 4, async_off=True),
+        Config("qwen3-N16", "qwen3", {}, 16),
     ]
     return {c.name: c for c in configs}
 

@@ -7,7 +7,7 @@
 #   extra args   passed to every pytest invocation (e.g. -x, -v)
 #
 # Env knobs:
-#   MINIMAL=1        copy only the 21 files the selection needs (default: whole tests/)
+#   MINIMAL=1        copy only the files the selection needs (default: whole tests/)
 #   OPT_125M_DIR=D   serve "facebook/opt-125m" from files in D (e.g. the tiny llama)
 #                    instead of the built-in OPT-125m config.json
 #   KEEP=1           keep the temp dir (printed at the end)
@@ -51,7 +51,7 @@ MINIMAL_FILES=(
   tests/v1/kv_connector/__init__.py tests/v1/kv_connector/unit/__init__.py
   tests/v1/kv_connector/unit/utils.py
   tests/v1/worker/__init__.py tests/v1/executor/__init__.py tests/v1/spec_decode/__init__.py
-  tests/v1/sample/__init__.py
+  tests/v1/sample/__init__.py tests/v1/engine/__init__.py
   tests/distributed/__init__.py tests/distributed/conftest.py tests/distributed/test_events.py
   "${FILES[@]}"
 )
