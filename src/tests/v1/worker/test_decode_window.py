@@ -44,21 +44,20 @@ class ScriptedRunner:
             input_batch=inputs, hidden_states=torch.zeros(len(req_ids), 4)
         )
 
-    def _next_tokens(self) -> list[int]:
-        executed, self.execute_model_state = self.execute_model_state, None
-        return [self.scripts[r].pop(0) for r in executed.input_batch.req_ids]
+    def _next_tokens(self, req_ids: list[str]) -> list[int]:
+        return [self.scripts[r].pop(0) for r in req_ids]
 
     def sample_tokens(self, grammar_output) -> ModelRunnerOutput:
-        req_ids = self.execute_model_state.input_batch.req_ids
-        tokens = self._next_tokens()
+        executed, self.execute_model_state = self.execute_model_state, None
+        req_ids = executed.input_batch.req_ids
+        tokens = self._next_tokens(req_ids)
         return ModelRunnerOutput(
             req_ids=req_ids, sampled_token_ids=[[t] for t in tokens]
         )
 
     def sample(self, hidden_states, inputs, grammar_output):
         assert grammar_output is None and hidden_states.shape[0] == len(inputs.req_ids)
-        self.execute_model_state = SimpleNamespace(input_batch=inputs)
-        sampled = torch.tensor(self._next_tokens()).view(-1, 1)
+        sampled = torch.tensor(self._next_tokens(inputs.req_ids)).view(-1, 1)
         num_sampled = torch.ones(len(inputs.req_ids), dtype=torch.int32)
         output = SimpleNamespace(
             sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None
