@@ -57,6 +57,8 @@ class Contract:
     exact: frozenset[str] = frozenset()  # classes whose fields must be exactly their names
     families: tuple[Family, ...] = ()
     class_family: dict[str, str] = field(default_factory=dict)  # "file:Class" -> family name
+    # "file:Class" -> family name -> names only that family's modules use (checked where it is laid)
+    family_names: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def absent(self, read: Reader) -> tuple[Family, ...]:
         """The families whose runner ``read``'s tree lacks."""
@@ -73,6 +75,8 @@ def load(path: Path) -> Contract | None:
         receivers = dict(data.get("receivers", {}))
         exact = frozenset(key for key, entry in data.get("classes", {}).items() if entry.get("fields") == "exact")
         class_family = {key: entry["family"] for key, entry in data.get("classes", {}).items() if "family" in entry}
+        family_names = {key: {fam: tuple(names) for fam, names in entry["family_names"].items()}
+                        for key, entry in data.get("classes", {}).items() if "family_names" in entry}  # fmt: skip
         families = tuple(Family(name, entry["serves"], tuple(entry["modules"]))
                          for name, entry in data.get("families", {}).items())  # fmt: skip
     except (tomllib.TOMLDecodeError, KeyError, TypeError) as e:
@@ -83,9 +87,10 @@ def load(path: Path) -> Contract | None:
     unknown = sorted(set(receivers.values()) - set(classes))
     if unknown:
         raise InputError(f"{path}: receivers name classes with no [classes] entry: {', '.join(unknown)}")
-    if stray := sorted(set(class_family.values()) - {f.name for f in families}):
+    named = {*class_family.values(), *(fam for by_family in family_names.values() for fam in by_family)}
+    if stray := sorted(named - {f.name for f in families}):
         raise InputError(f"{path}: classes name families with no [families] entry: {', '.join(stray)}")
-    return Contract(classes, receivers, exact, families, class_family)
+    return Contract(classes, receivers, exact, families, class_family, family_names)
 
 
 def problems(contract: Contract, modules: Iterable[Module], read: Reader) -> list[str]:
@@ -97,6 +102,8 @@ def problems(contract: Contract, modules: Iterable[Module], read: Reader) -> lis
     for key, names in contract.classes.items():
         if contract.class_family.get(key) in absent:
             continue  # a runner this tree does not have: its modules are not laid in
+        for family, family_only in contract.family_names.get(key, {}).items():
+            names += () if family in absent else family_only
         file, cls = key.split(":")
         node = _class_def(read(file), cls)
         if node is None:
@@ -142,7 +149,8 @@ def undeclared(contract: Contract, modules: Iterable[Module]) -> list[str]:
         for node in ast.walk(ast.parse(module.data)):
             receiver = _receiver(node.value) if isinstance(node, ast.Attribute) else None
             key = contract.receivers.get(receiver)
-            if key and node.attr not in contract.classes[key]:
+            family_only = (n for names in contract.family_names.get(key, {}).values() for n in names)
+            if key and node.attr not in (*contract.classes[key], *family_only):
                 missing.append(f"{module.path}:{node.lineno}: {receiver}.{node.attr} ({key})")
     return sorted(set(missing))
 

@@ -24,11 +24,9 @@ would.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from support.cli import ROOT
 from support.engines import generate
 from support.fuzz import speculative_config
 from support.parity import (
@@ -65,15 +63,12 @@ STEPS = "vllm:iteration_tokens_total_count"
 
 
 @pytest.fixture(scope="module")
-def drafters(tiny_llama, upstream_python, tmp_path_factory):
+def drafters(tiny_llama, upstream_python):
     """drafter name -> (speculative config, target model)."""
-    noisy = tmp_path_factory.mktemp("models") / "tiny-llama-noisy"
-    cmd = [upstream_python, ROOT / "tests/support/tiny_model.py", noisy, "--perturb", "0.05"]
-    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
     built = draft_models(upstream_python, tiny_llama)  # the fuzzer's EAGLE head and MTP target
     return {
         "ngram": (speculative_config("ngram", str(tiny_llama), built), tiny_llama),
-        "noisy": ({"method": "draft_model", "model": str(noisy), "num_speculative_tokens": 3}, tiny_llama),
+        "noisy": ({"method": "draft_model", "model": str(built["noisy"]), "num_speculative_tokens": 3}, tiny_llama),
         "eagle": (speculative_config("eagle", str(tiny_llama), built), tiny_llama),
         "mtp": (speculative_config("mtp", str(built["mimo"]), built), built["mimo"]),  # the target's own MTP layer
     }

@@ -170,9 +170,10 @@ CI_CONFIGS = ["default-N8", "default-N8-sync", "chunked-N16", "draft-N4-budget64
 # On a release without multi-step windows: single steps with async scheduling on (patch
 # 0003), with the regressions of issue 18.
 CI_CONFIGS_SINGLE_STEP = ["default-N1"]
-# On Model Runner V2 (vLLM 0.34.0): the windowed configs without drafts (windows with drafts
-# run on Model Runner V1 only), and the single-step one, whose regressions check the runner
-# that replaced patch 0010's file.
+# On Model Runner V2 (vLLM 0.34.0): the windowed configs without drafts (the suite's CPU base,
+# the standalone runner, has no drafters; windows with drafts are fuzzed by hand on the
+# interpreter base, `--base interpreter`, docs/fuzzing.md), and the single-step one, whose
+# regressions check the runner that replaced patch 0010's file.
 CI_CONFIGS_MRV2 = ["default-N8", "default-N8-sync", "chunked-N16", "default-N1"]
 CI_SEED = 1800  # fixed: the slice is the same batches on every run
 CI_PER_CONFIG = 40  # batches are cheap (~0.4 s); the engine starts are what the slice costs
@@ -419,7 +420,8 @@ def compare_request(config: Config, request: dict, ours: dict, theirs: dict) -> 
         found = [] if same else [f"submission: overlay {ours.get('rejected')!r}, upstream {theirs.get('rejected')!r}"]
         return "rejected", found
     random_draws = params.get("temperature", 1.0) > 0
-    if config.drafter:  # the oracle has no drafts: exact for greedy requests without per-step history
+    if config.drafter and not ORACLE_DRAFTS:  # the oracle has no drafts: exact for greedy requests
+        # without per-step history
         exact = not random_draws and not any(params.get(k) for k in HISTORY_PER_STEP_WITH_DRAFTS)
     else:  # unseeded draws depend on the rest of the batch (or on the order of arrival)
         exact = not random_draws or "seed" in params or UNSEEDED_EXACT
@@ -437,6 +439,13 @@ def compare_request(config: Config, request: dict, ours: dict, theirs: dict) -> 
 # Measured 2026-12-03 (docs/fuzzing.md): unpatched 0.34.0 disagreed with itself in 7 of 106
 # mixed batches, so it is no oracle for them there, and the default stays structural.
 UNSEEDED_EXACT = False
+# `fuzz --oracle-drafts`: the oracle runs the drafter configurations' drafter too (upstream
+# without windows), and their requests are compared as without drafts: seeded random ones
+# exactly. Model Runner V2 keys rejection sampling's draws by (seed, position), so a window that
+# verified other drafts, or verified them at other positions, than single steps would differ
+# even where greedy tokens cannot. Upstream agrees with itself there (measured 2026-12-04 on the
+# interpreter base, docs/fuzzing.md); Model Runner V1's draft models on CPU do not.
+ORACLE_DRAFTS = False
 
 
 def _structure_problems(params: dict, ours: dict) -> list[str]:
@@ -633,6 +642,8 @@ class Runner:
             llm = config.overlay_llm(self.models)
         else:
             llm = config.oracle_llm(str(self.models[config.model]))
+            if ORACLE_DRAFTS and config.drafter:
+                llm["speculative_config"] = speculative_config(config.drafter, llm["model"], self.models)
         spec = {"llm": llm, "batches": batches}
         timeout = 180 + 30 * len(batches)  # an engine start and generous batches; past it, a hang
         try:
@@ -668,7 +679,8 @@ class Runner:
 
     def oracle(self, config: Config, batches: list[dict], tag: str) -> tuple[dict, set[int]]:
         """Upstream's results (one run per family and batch list) and the batches it is no oracle for."""
-        key = json.dumps([config.model, config.oracle_llm(""), batches], sort_keys=True)
+        drafter = config.drafter if ORACLE_DRAFTS else None
+        key = json.dumps([config.model, config.oracle_llm(""), drafter, batches], sort_keys=True)
         if key not in self.oracle_cache:
             theirs = self.run("upstream", config, batches, tag)
             unstable: set[int] = set()
@@ -806,9 +818,23 @@ def main(argv: list[str] | None = None) -> int:
         help="compare unseeded random requests exactly too (Model Runner V2 keys their draws by a seed "
         "drawn when each is added; with --repeat-oracle, see where upstream agrees with itself)",
     )
+    ap.add_argument(
+        "--oracle-drafts",
+        action="store_true",
+        help="run the drafter configurations' oracle with the same drafter (no windows) and compare "
+        "their seeded random requests exactly too (Model Runner V2, where upstream agrees with itself)",
+    )
+    ap.add_argument(
+        "--base",
+        choices=("interpreter",),
+        help="run both builds on this CPU base instead of the release's default one: 'interpreter' "
+        "runs Model Runner V2's GPU code under Triton's interpreter (vLLM 0.34.0 on: its drafters, "
+        "which the standalone CPU runner lacks; about 100-300 ms a step)",
+    )
     args = ap.parse_args(argv)
-    global UNSEEDED_EXACT
+    global UNSEEDED_EXACT, ORACLE_DRAFTS
     UNSEEDED_EXACT = args.unseeded_exact
+    ORACLE_DRAFTS = args.oracle_drafts
     names = {"all": list(CONFIGS), "ci": ci_configs()}.get(args.configs) or args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -816,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from support.venvs import draft_models, test_builds
 
-    pythons, models = test_builds()
+    pythons, models = test_builds(args.base)
     if any(CONFIGS[n].drafter in ("eagle", "mtp") for n in names):
         models |= draft_models(pythons["upstream"], models["llama"])
     work = ROOT / "build" / "fuzz"

@@ -192,19 +192,23 @@ def tiny_model(python: Path, arch: str) -> Path:
     return out
 
 
-def test_builds() -> tuple[dict[str, Path], dict[str, Path]]:
-    """Both builds' pythons and the tiny models, as the real tests' fixtures make them."""
+def test_builds(base: str | None = None) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Both builds' pythons (on ``base``: the release's default CPU base if None) and the tiny
+    models, as the real tests' fixtures make them."""
     pythons = {
-        "upstream": vllm_venv(venv_dir("upstream"), upstream_wheel()),
-        "overlay": vllm_venv(venv_dir("overlay"), overlay_wheel()),
+        "upstream": vllm_venv(venv_dir("upstream", base), upstream_wheel(base)),
+        "overlay": vllm_venv(venv_dir("overlay", base), overlay_wheel(base)),
     }
     return pythons, {arch: tiny_model(pythons["upstream"], arch) for arch in ("llama", "qwen3")}
 
 
 def draft_models(python: Path, llama: Path) -> dict[str, Path]:
-    """An EAGLE head for ``llama`` and a tiny MiMo target with its own MTP layer, built under build/models."""
-    eagle, mimo = BUILD / "models" / "tiny-llama-eagle", BUILD / "models" / "tiny-mimo-mtp"
-    for script, *args in (("tiny_eagle.py", llama, eagle), ("tiny_mtp.py", mimo)):
+    """Drafters built under build/models: an EAGLE head for ``llama``, a tiny MiMo target with its
+    own MTP layer, and a noisy copy of ``llama`` as a draft model (weights perturbed: some drafts
+    accepted, most rejected)."""
+    eagle, mimo, noisy = (BUILD / "models" / name for name in ("tiny-llama-eagle", "tiny-mimo-mtp", "tiny-llama-noisy"))
+    for script, *args in (("tiny_eagle.py", llama, eagle), ("tiny_mtp.py", mimo),
+                          ("tiny_model.py", noisy, "--perturb", "0.05")):  # fmt: skip
         cmd = [python, ROOT / "tests" / "support" / script, *args]
         subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
-    return {"eagle": eagle, "mimo": mimo}
+    return {"eagle": eagle, "mimo": mimo, "noisy": noisy}

@@ -80,3 +80,20 @@ def test_a_rebase_onto_an_upstream_without_the_runner_keeps_its_family_in_src(up
                          "--upstream-version", "2.0.0", "--tree", str(tmp_path / "t"))  # fmt: skip
     assert out["completed"] and out["contract"] == [], out
     assert {k: v for k, v in snapshot(upstream.root).items() if k.startswith("src/")} == src_before
+
+
+def test_names_a_family_adds_to_a_shared_class_are_checked_only_where_it_is_laid(tmp_path):
+    """A class every tree has (the scheduler's output) may gain a name only one family's modules
+    read: it is checked on the trees that lay that family, not on the others."""
+    path = tmp_path / contract.CONTRACT_FILE
+    path.write_text(
+        CONTRACT
+        + '\n[classes."vllm/output.py:Output"]\nnames = ["tokens"]\nfamily_names = { gone-runner = ["skip"] }\n'
+    )
+    declared = contract.load(path)
+    source = {"vllm/output.py": "class Output:\n    tokens: list\n"}
+    assert contract.problems(declared, [], source.get) == []
+    source["vllm/gone_runner.py"] = "class GoneRunner:\n    def step(self): ...\n"
+    assert contract.problems(declared, [], source.get) == ["vllm/output.py: Output.skip is gone"]
+    source["vllm/output.py"] += "    skip: bool\n"
+    assert contract.problems(declared, [], source.get) == []

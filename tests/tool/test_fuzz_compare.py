@@ -45,3 +45,22 @@ def test_tokens_tied_with_the_sampled_one_may_rank_in_any_order():
     wider = [[7, -2.0, 2], [201, value, 1], [202, value, 3]]
     assert _logprob_problems("lp", [wider], [[[7, -2.5, 2], [202, value, 1]]], [202])
     assert _logprob_problems("lp", [wider], [[[7, -2.0, 2], [202, value, 1]]], [202]) == []
+
+
+def test_with_the_drafter_in_the_oracle_seeded_requests_with_drafts_are_compared_exactly(monkeypatch):
+    """`fuzz --oracle-drafts`: the oracle drafts as the overlay does, so a drafter configuration's
+    seeded random request must match token for token; without it only greedy ones can."""
+    from support import fuzz
+
+    config = fuzz.CONFIGS["eagle-N8"]
+    request = {"params": {"temperature": 0.8, "seed": 3, "max_tokens": 4}}
+
+    def result(token_ids: list[int]) -> dict:
+        out = {"token_ids": token_ids, "text": "", "finish_reason": "length", "stop_reason": None, "logprobs": None}
+        return {"aborted": False, "finished": True, "prompt_logprobs": None, "outputs": [out]}
+
+    ours, theirs = result([5, 6]), result([5, 7])
+    assert fuzz.compare_request(config, request, ours, theirs)[0] == "structural"
+    monkeypatch.setattr(fuzz, "ORACLE_DRAFTS", True)
+    kind, problems = fuzz.compare_request(config, request, ours, theirs)
+    assert kind == "exact" and problems

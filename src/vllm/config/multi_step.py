@@ -35,7 +35,8 @@ DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR = 8
 # Runner V2 (vllm/v1/worker/decode_window.py), the only runner there.
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # Drafters whose inner-step drafts the window can feed back exactly
-# (vllm/v1/worker/multi_step_spec.py); the others are untested in windows.
+# (vllm/v1/worker/multi_step_spec.py on Model Runner V1, decode_window.py on
+# Model Runner V2); the others are untested in windows.
 # EAGLE heads and MTP layers share one proposer; EAGLE-3 (auxiliary hidden
 # states), suffix and ngram_gpu are untested in windows, so they stay refused.
 SPEC_METHODS_IN_WINDOWS = ("ngram", "draft_model", "eagle", "mtp")
@@ -131,16 +132,7 @@ def _common_reasons(vllm_config: "VllmConfig") -> list[str]:
 
 
 def _v1_runner_reasons(vllm_config: "VllmConfig") -> list[str]:
-    reasons = []
-    speculative_config = vllm_config.speculative_config
-    if speculative_config is not None and (
-        speculative_config.method not in SPEC_METHODS_IN_WINDOWS
-    ):
-        reasons.append(
-            f"{speculative_config.method} speculative decoding (windows support "
-            + " and ".join(SPEC_METHODS_IN_WINDOWS)
-            + ")"
-        )
+    reasons = _spec_method_reasons(vllm_config)
     if getattr(envs, "VLLM_USE_V2_MODEL_RUNNER", None):
         reasons.append("VLLM_USE_V2_MODEL_RUNNER=1 (multi-step runs on the V1 runner)")
     if vllm_config.attention_config.hisparse_config is not None:
@@ -153,12 +145,7 @@ def _v1_runner_reasons(vllm_config: "VllmConfig") -> list[str]:
 def _model_runner_v2_reasons(vllm_config: "VllmConfig") -> list[str]:
     """What windows on Model Runner V2 (vllm/v1/worker/decode_window.py) do not
     run yet: each is per-step state the window has not been checked against."""
-    reasons = []
-    if vllm_config.speculative_config is not None:
-        reasons.append(
-            "speculative decoding on Model Runner V2 (windows with drafts run on "
-            "Model Runner V1 only, vLLM up to 0.33.0)"
-        )
+    reasons = _model_runner_v2_spec_reasons(vllm_config)
     model_config = vllm_config.model_config
     if model_config is not None and model_config.return_sampling_mask:
         reasons.append("return_sampling_mask (merged per window: not written yet)")
@@ -170,6 +157,47 @@ def _model_runner_v2_reasons(vllm_config: "VllmConfig") -> list[str]:
         # EPLB counts expert loads after each of the runner's whole steps; a
         # window's inner steps are its forward and sampler only.
         reasons.append("expert-parallel load balancing (EPLB steps per runner step)")
+    return reasons
+
+
+# SpeculativeConfig fields (vLLM 0.34.0) that windows on Model Runner V2 need at
+# their defaults: each changes a step's drafts or their verification from what
+# was scheduled, and none has run in windows. Checked against SpeculativeConfig
+# by tests/v1/worker/test_decode_window.py.
+SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS = {
+    "enable_adaptive_verification": False,  # drafts reallocated on the device
+    "num_speculative_tokens_per_batch_size": None,  # k chosen per schedule
+    "rejection_sample_method": "standard",  # synthetic, block, fly
+    "draft_sample_method": "greedy",  # drafts sampled at random
+    "parallel_drafting": None,
+}
+
+
+def _spec_method_reasons(vllm_config: "VllmConfig") -> list[str]:
+    speculative_config = vllm_config.speculative_config
+    if speculative_config is None or (
+        speculative_config.method in SPEC_METHODS_IN_WINDOWS
+    ):
+        return []
+    return [
+        f"{speculative_config.method} speculative decoding (windows support "
+        + " and ".join(SPEC_METHODS_IN_WINDOWS)
+        + ")"
+    ]
+
+
+def _model_runner_v2_spec_reasons(vllm_config: "VllmConfig") -> list[str]:
+    """Speculative settings whose drafts windows on Model Runner V2 cannot keep
+    as single steps keep them: drafters not run in windows, and the ones that
+    change a step's draft count or verification from what it scheduled."""
+    speculative_config = vllm_config.speculative_config
+    if speculative_config is None:
+        return []
+    reasons = _spec_method_reasons(vllm_config)
+    for name, default in SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS.items():
+        value = getattr(speculative_config, name, default)
+        if value not in (default, False):
+            reasons.append(f"speculative_config {name}={value!r}")
     return reasons
 
 
@@ -234,11 +262,15 @@ MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
 
 def _log_model_runner_v2_windows(vllm_config: "VllmConfig", steps: int) -> None:
     device_type = vllm_config.device_config.device_type
+    speculative_config = vllm_config.speculative_config
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call on Model "
         "Runner V2, each inner step the runner's own execute_model and "
-        "sample_tokens (async scheduling %s).",
+        "%s (async scheduling %s).",
         steps,
+        f"sample_tokens, verifying {speculative_config.method} drafts"
+        if speculative_config is not None
+        else "sampler",
         "on" if vllm_config.scheduler_config.async_scheduling else "off",
     )
     if device_type not in MODEL_RUNNER_V2_WINDOWS_RAN_ON:

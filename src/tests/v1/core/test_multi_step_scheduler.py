@@ -246,3 +246,22 @@ def test_no_position_past_max_tokens_while_a_window_is_in_flight():
     for sched_output in (prefill, window, single):
         scheduler.update_from_output(sched_output, _output(sched_output))
     assert list(req0.output_token_ids) == [TOKEN] * 3
+
+
+def test_window_drafts_are_counted_up_to_max_tokens():
+    """A worker that cannot see a request's output count (Model Runner V2 under
+    async scheduling) runs its window on past max_tokens; the steps a single
+    step engine would not have run add no drafts to the metrics, nor do steps
+    without drafts."""
+    scheduler = _scheduler(4)
+    (request,) = create_requests(num_requests=1, num_tokens=10, max_tokens=6)
+    _prefill(scheduler, [request])
+    # Only the metrics' width: a CPU base without Triton refuses a drafter.
+    scheduler.num_spec_tokens = 3
+    assert request.num_output_tokens == 1  # 5 tokens left
+    # (drafts, accepted) per step: 1 token, 1 without drafts, 2, then 3 (the
+    # 5th among them), then a step that started past max_tokens.
+    counts = [(3, 0), (0, 0), (3, 1), (3, 2), (3, 3)]
+    stats = scheduler.multi_step.settle(request, 11, [TOKEN] * 11, counts, None)
+    counted = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+    assert counted == (3, 9, 3)

@@ -4,9 +4,17 @@
 stand-in runner: which steps run, which requests leave a window (merging the steps'
 outputs: test_window_output.py)."""
 
+import dataclasses
 from types import SimpleNamespace
 
+import pytest
 import torch
+
+from vllm.config import SpeculativeConfig
+from vllm.config.multi_step import (
+    SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS,
+    _model_runner_v2_spec_reasons,
+)
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -17,15 +25,17 @@ EOS = 2
 
 
 class ScriptedRunner:
-    """Samples, for each request, the next token of its script; records each step
-    and each state update.
+    """Samples, for each request, the next token of its script (a list: the
+    tokens of a step that accepted drafts); records each step and each state
+    update.
 
     A window's step 1 goes through `sample_tokens` (the runner's whole step);
-    its inner steps through `sample` and `postprocess_sampled`, the two pieces
-    of it they use (Model Runner V2's names and shapes).
+    without drafts its inner steps through `sample` and `postprocess_sampled`,
+    the two pieces of it they use (Model Runner V2's names and shapes); with
+    drafts through `sample_tokens`, which drafts for the next step.
     """
 
-    def __init__(self, scripts: dict[str, list[int]]) -> None:
+    def __init__(self, scripts: dict[str, list]) -> None:
         self.scripts = {r: list(tokens) for r, tokens in scripts.items()}
         self.steps: list[SchedulerOutput] = []
         self.execute_model_state = None
@@ -52,7 +62,8 @@ class ScriptedRunner:
         req_ids = executed.input_batch.req_ids
         tokens = self._next_tokens(req_ids)
         return ModelRunnerOutput(
-            req_ids=req_ids, sampled_token_ids=[[t] for t in tokens]
+            req_ids=req_ids,
+            sampled_token_ids=[t if isinstance(t, list) else [t] for t in tokens],
         )
 
     def sample(self, hidden_states, inputs, grammar_output):
@@ -77,12 +88,17 @@ class Worker:
 
 
 class Config:
-    """The two settings DecodeWindowRunner reads."""
+    """The settings DecodeWindowRunner reads."""
 
-    def __init__(self, async_scheduling: bool) -> None:
-        self.scheduler_config = type(
-            "S", (), {"num_scheduler_steps": 8, "async_scheduling": async_scheduling}
-        )()
+    def __init__(self, async_scheduling: bool, num_spec_tokens: int = 0) -> None:
+        self.scheduler_config = SimpleNamespace(
+            num_scheduler_steps=8, async_scheduling=async_scheduling
+        )
+        self.speculative_config = (
+            SimpleNamespace(num_speculative_tokens=num_spec_tokens)
+            if num_spec_tokens
+            else None
+        )
 
 
 def new_request(req_id: str) -> NewRequestData:
@@ -102,7 +118,10 @@ def new_request(req_id: str) -> NewRequestData:
 
 
 def step(
-    planned: dict[str, int], window: int, new: list[NewRequestData] = ()
+    planned: dict[str, int],
+    window: int,
+    new: list[NewRequestData] = (),
+    drafts: int = 0,
 ) -> SchedulerOutput:
     req_ids = [r for r in planned if r not in {n.req_id for n in new}]
     cached = CachedRequestData(
@@ -118,6 +137,9 @@ def step(
     output.num_scheduled_tokens = dict(planned)
     output.total_num_scheduled_tokens = sum(planned.values())
     output.multi_step_window = window
+    if drafts:  # placeholders, as the scheduler sends them to Model Runner V2
+        output.scheduled_spec_decode_tokens = {r: [-1] * drafts for r in req_ids}
+        output.num_spec_tokens_to_schedule = drafts
     return output
 
 
@@ -127,9 +149,9 @@ def run_step(windows: DecodeWindowRunner, scheduler_output: SchedulerOutput):
     return windows.sample_tokens(None)
 
 
-def make(scripts: dict[str, list[int]], async_scheduling: bool = True):
+def make(scripts: dict[str, list], async_scheduling: bool = True, drafts: int = 0):
     runner = ScriptedRunner(scripts)
-    windows = DecodeWindowRunner(Worker(runner), Config(async_scheduling))
+    windows = DecodeWindowRunner(Worker(runner), Config(async_scheduling, drafts))
     # The requests arrive in a single step (their prompts), as the scheduler sends them.
     prompts = step(dict.fromkeys(scripts, 2), 0, [new_request(r) for r in scripts])
     run_step(windows, prompts)
@@ -186,3 +208,94 @@ def test_without_async_scheduling_no_request_is_left_out():
     run_step(windows, step({"a": 2}, 2))
     runner.steps.clear()
     assert run_step(windows, step({"a": 1}, 0)).sampled_token_ids == [[9]]
+
+
+def test_with_drafts_each_step_verifies_the_drafts_and_starts_where_its_tokens_end():
+    # k = 3. "a" accepts 2 drafts, then none, then all; "b" samples its EOS
+    # among accepted drafts in step 2; "c" has 6 positions (max_model_len).
+    runner, windows = make(
+        {
+            "a": [7, [8, 9, 10], [11], [12, 13, 14, 15]],
+            "b": [7, [8], [9, EOS, 4]],
+            "c": [7, [8], [9, 10, 11, 12], [13]],
+        },
+        drafts=3,
+    )
+    runner.steps.clear()
+    output = run_step(windows, step({"a": 12, "b": 12, "c": 6}, 3, drafts=3))
+    assert output.sampled_token_ids == [
+        [8, 9, 10, 11, 12, 13, 14, 15],
+        [8, 9, EOS, 4],
+        [8, 9, 10, 11, 12, 13],
+    ]
+    assert [s.num_scheduled_tokens for s in runner.steps] == [
+        {"a": 4, "b": 4, "c": 4},
+        {"a": 4, "b": 4, "c": 4},
+        {"a": 4, "c": 1},  # c: 5 tokens in 6 positions, room for no draft
+    ]
+    assert [s.scheduled_spec_decode_tokens for s in runner.steps][2] == {
+        "a": [-1, -1, -1]
+    }
+    # The runner places each request; the host sends upper bounds: the
+    # positions each request's steps processed, rejected drafts included.
+    assert [s.scheduled_cached_reqs.num_computed_tokens for s in runner.steps] == [
+        [10, 10, 10],
+        [14, 14, 14],
+        [18, 18],
+    ]
+    assert output.multi_step_spec_counts == {
+        "a": [(3, 2), (3, 0), (3, 3)],
+        "b": [(3, 0), (3, 2)],
+        "c": [(3, 0), (3, 3), (0, 0)],
+    }
+    assert not runner.updates  # every inner step was the runner's whole step
+    assert all(not s.skip_drafts for s in runner.steps)
+
+
+def test_with_drafts_a_request_leaves_at_max_tokens_without_async_scheduling():
+    # max_tokens 16, 3 generated before the window: 13 left.
+    runner, windows = make(
+        {"a": [7, [8, 9, 10, 11]] + [[12, 13, 14, 15]] * 2 + [[16], [17]]},
+        async_scheduling=False,
+        drafts=3,
+    )
+    runner.steps.clear()
+    output = run_step(windows, step({"a": 16}, 8, drafts=3))
+    assert len(output.sampled_token_ids[0]) == 13  # 4 + 4 + 4 + 1
+    assert len(runner.steps) == 4
+
+
+def test_a_step_without_the_stopped_request_keeps_the_others_drafts():
+    runner, windows = make({"a": [7, [8, 9], [10]], "b": [7, [EOS]]}, drafts=2)
+    run_step(windows, step({"a": 3, "b": 3}, 1, drafts=2))
+    runner.steps.clear()
+    run_step(windows, step({"a": 3, "b": 3}, 0, drafts=2))
+    assert runner.steps[0].num_scheduled_tokens == {"a": 3}
+    assert runner.steps[0].scheduled_spec_decode_tokens == {"a": [-1, -1]}
+
+
+def test_refused_spec_settings_are_speculative_config_fields_at_their_defaults():
+    fields = {f.name: f.default for f in dataclasses.fields(SpeculativeConfig)}
+    for name, default in SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS.items():
+        assert fields[name] == default, name
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"method": "suffix"},
+        {"enable_adaptive_verification": True},
+        {"num_speculative_tokens_per_batch_size": [(1, 8, 2)]},
+        {"rejection_sample_method": "synthetic"},
+    ],
+)
+def test_windows_refuse_drafts_they_cannot_keep_as_single_steps(setting):
+    speculative_config = SimpleNamespace(
+        **{"method": "eagle", **SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS, **setting}
+    )
+    config = SimpleNamespace(speculative_config=speculative_config)
+    assert _model_runner_v2_spec_reasons(config)
+    speculative_config.__dict__.update(
+        {"method": "eagle", **SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS}
+    )
+    assert not _model_runner_v2_spec_reasons(config)

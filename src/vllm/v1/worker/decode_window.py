@@ -39,10 +39,21 @@ Under async scheduling the next step is planned before the scheduler learns
 that a request stopped in this window; that step runs without it (the
 scheduler ignores outputs for finished requests), as the runner no longer
 advances its state.
+
+With speculative decoding (k drafts) the scheduler gives each request up to
+W * (1 + k) positions (vllm/v1/core/sched/multi_step.py). Each step verifies
+the drafts the runner's speculator proposed after the step before (they stay
+on the device; the step's scheduler output carries placeholders, as upstream's
+async scheduler sends them) and generates 1 + the accepted ones; the runner's
+`post_update` moves each request to where its accepted tokens end, so the next
+step starts there, per request. A step verifies k drafts, fewer only where the
+window's positions end (a single-step scheduler trims them at max_model_len),
+and the window reports each step's (drafts, accepted) for the scheduler's
+spec-decoding metrics.
 """
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
@@ -68,14 +79,57 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
+@dataclass
+class _RequestInWindow:
+    """One request's progress through a window, in positions and tokens."""
+
+    # Positions the scheduler allocated for the window (its num_scheduled_tokens).
+    num_positions: int
+    # Output tokens it may still generate, where the scheduler's count is exact
+    # (no async placeholders); otherwise the positions bound it.
+    num_tokens_left: int | None
+    # Positions its steps processed (rejected drafts included), tokens they
+    # generated (1 + accepted drafts each), each step's (drafts, accepted):
+    # the scheduler counts drafts per step, up to the request's max_tokens.
+    num_processed: int = 0
+    num_generated: int = 0
+    spec_counts: list[tuple[int, int]] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_tokens: int) -> None:
+        self.num_processed += 1 + num_drafts
+        self.num_generated += num_tokens
+        self.spec_counts.append((num_drafts, num_tokens - 1))
+
+    def num_next_drafts(self, num_spec_tokens: int) -> int | None:
+        """Drafts its next step verifies, or None when it has no next step.
+
+        The next step starts where the generated tokens end and processes 1 + d
+        positions, within the window's; a step that runs out of them verifies
+        fewer drafts, as a single-step scheduler trims them at max_model_len.
+        """
+        room = self.num_positions - self.num_generated - 1
+        if room < 0 or (
+            self.num_tokens_left is not None
+            and self.num_generated >= self.num_tokens_left
+        ):
+            return None
+        return min(num_spec_tokens, room)
+
+
 class DecodeWindowRunner:
     """The worker's side of multi-step decode on Model Runner V2."""
 
     def __init__(self, worker: "WorkerBase", vllm_config: "VllmConfig") -> None:
         self.worker = worker
         self.async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
-        # req_id -> the token ids that end it when sampled (stop_token_ids).
+        speculative_config = vllm_config.speculative_config
+        self.num_spec_tokens = (
+            speculative_config.num_speculative_tokens if speculative_config else 0
+        )
+        # req_id -> the token ids that end it when sampled (stop_token_ids),
+        # and its max_tokens.
         self._stop_ids: dict[str, frozenset[int]] = {}
+        self._max_tokens: dict[str, int] = {}
         # The window whose step 1 is executing, until it is sampled, and the
         # requests step 1 runs.
         self._window: SchedulerOutput | None = None
@@ -102,9 +156,13 @@ class DecodeWindowRunner:
     def first_step(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
         """What the runner executes first: a window's step 1, or the step as is."""
         for new_req in scheduler_output.scheduled_new_reqs:
-            self._stop_ids[new_req.req_id] = stop_token_ids(new_req.sampling_params)
+            params = new_req.sampling_params
+            self._stop_ids[new_req.req_id] = stop_token_ids(params)
+            if params is not None and params.max_tokens is not None:
+                self._max_tokens[new_req.req_id] = params.max_tokens
         for req_id in scheduler_output.finished_req_ids:
             self._stop_ids.pop(req_id, None)
+            self._max_tokens.pop(req_id, None)
         scheduled = scheduler_output.num_scheduled_tokens
         dropped = self._stopped.intersection(scheduled) if self.async_scheduling else ()
         self._stopped = set()
@@ -113,8 +171,15 @@ class DecodeWindowRunner:
         self._ran_nothing = False
         if not window and not dropped:
             return scheduler_output
+        scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens
+        drafts = {
+            req_id: draft_ids
+            for req_id, draft_ids in scheduled_drafts.items()
+            if req_id not in dropped
+        }
+        # Step 1 of a window: each request's last token and its drafts.
         counts = {
-            req_id: 1 if window else num_tokens
+            req_id: 1 + len(drafts.get(req_id, ())) if window else num_tokens
             for req_id, num_tokens in scheduled.items()
             if req_id not in dropped
         }
@@ -127,7 +192,10 @@ class DecodeWindowRunner:
             scheduled_cached_reqs=_only(scheduler_output.scheduled_cached_reqs, counts),
             num_scheduled_tokens=counts,
             total_num_scheduled_tokens=sum(counts.values()),
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=drafts,
+            # The next inner step verifies what this one drafts: the scheduler's
+            # reason to skip drafting (the window's end) does not hold per step.
+            skip_drafts=False if window else scheduler_output.skip_drafts,
             multi_step_window=0,
         )
 
@@ -140,24 +208,74 @@ class DecodeWindowRunner:
         first = self.model_runner.sample_tokens(grammar_output)
         if window is None or first is None:
             return first
+        steps, spec_counts = self._run_window(window, resolve_output(first))
+        self._count(len(steps))
+        merged = merge_step_outputs(steps)
+        if spec_counts:
+            merged.multi_step_spec_counts = spec_counts
+        return returned_like(first, merged)
+
+    def _run_window(
+        self, window: SchedulerOutput, first: ModelRunnerOutput
+    ) -> tuple[list[ModelRunnerOutput], dict[str, list[tuple[int, int]]]]:
+        """Run a window's steps after step 1: every step's output, and per
+        request each step's (drafts, accepted) where it verified drafts.
+
+        With drafts an inner step processes each request's last token and the
+        drafts the runner's speculator proposed after the previous step (they
+        stay on the device, as under upstream's async scheduling), and the
+        runner's whole `sample_tokens` samples it: rejection sampling, the
+        state update by what was accepted, the next drafts. The runner places
+        each request where its accepted tokens end; the host tracks
+        positions only to size each step within the window's.
+        """
         cached = window.scheduled_cached_reqs
         start = dict(zip(cached.req_ids, cached.num_computed_tokens))
         num_outputs = dict(zip(cached.req_ids, cached.num_output_tokens))
-        planned = window.num_scheduled_tokens
-        steps = [resolve_output(first)]
-        running = self._still_running(steps[-1], self._req_ids, planned, 1)
+        progress = {
+            req_id: _RequestInWindow(
+                window.num_scheduled_tokens[req_id],
+                self._tokens_left(req_id, num_outputs[req_id]),
+            )
+            for req_id in self._req_ids
+        }
+        drafts = {
+            req_id: len(window.scheduled_spec_decode_tokens.get(req_id, ()))
+            for req_id in self._req_ids
+        }
+        steps = [first]
+        running = self._advance(first, drafts, progress, window.multi_step_window, 1)
         while running:
-            offset = len(steps)
+            drafts = running
             self.model_runner.execute_model(
                 follow_up_step(
-                    {r: start[r] + offset for r in running},
-                    {r: num_outputs[r] + offset for r in running},
+                    {r: start[r] + progress[r].num_processed for r in running},
+                    {r: num_outputs[r] + progress[r].num_generated for r in running},
+                    running,
+                    window.num_spec_tokens_to_schedule,
                 )
             )
-            steps.append(self._sample_inner_step())
-            running = self._still_running(steps[-1], running, planned, len(steps))
-        self._count(len(steps))
-        return returned_like(first, merge_step_outputs(steps))
+            # With a speculator the runner's whole step, which drafts for the next.
+            steps.append(
+                resolve_output(self.model_runner.sample_tokens(None))
+                if self.num_spec_tokens
+                else self._sample_inner_step()
+            )
+            running = self._advance(
+                steps[-1], drafts, progress, window.multi_step_window, len(steps)
+            )
+        if not self.num_spec_tokens:
+            return steps, {}
+        return steps, {r: p.spec_counts for r, p in progress.items()}
+
+    def _tokens_left(self, req_id: str, num_output_tokens: int) -> int | None:
+        """How many tokens a request may still generate, where the scheduler's
+        output count is exact: without async scheduling (with it, the count
+        includes the optimistic placeholders of the step in flight)."""
+        max_tokens = self._max_tokens.get(req_id)
+        if self.async_scheduling or max_tokens is None:
+            return None
+        return max_tokens - num_output_tokens
 
     def _sample_inner_step(self) -> ModelRunnerOutput:
         """Sample the inner step the runner just executed, with upstream's own
@@ -166,9 +284,10 @@ class DecodeWindowRunner:
 
         The rest of the runner's `sample_tokens` is left out: an inner step is
         a decode step of requests already running, so it has no prompt
-        logprobs, and the KV connectors, auxiliary outputs, EPLB and drafters
-        that would act per step are refused with windows
-        (vllm/config/multi_step.py). Nor is a step's output copied or wrapped
+        logprobs, and the KV connectors, auxiliary outputs and EPLB that would
+        act per step are refused with windows (vllm/config/multi_step.py); with
+        a speculator, inner steps take the whole `sample_tokens` instead (it
+        drafts for the next step). Nor is a step's output copied or wrapped
         on its own: only what the window reads (token ids, logprob rows) is
         taken to the host.
         """
@@ -201,24 +320,30 @@ class DecodeWindowRunner:
             )
         return output
 
-    def _still_running(
+    def _advance(
         self,
         output: ModelRunnerOutput,
-        req_ids: Iterable[str],
-        planned: dict[str, int],
+        drafts: dict[str, int],
+        progress: dict[str, _RequestInWindow],
+        window_size: int,
         num_steps: int,
-    ) -> list[str]:
-        """The requests of `req_ids` that run another step after this one."""
+    ) -> dict[str, int]:
+        """Record the step each request of `drafts` ran (with that many
+        drafts); those that run another step, with the drafts it verifies."""
         tokens = dict(zip(output.req_ids, output.sampled_token_ids))
-        running = []
-        for req_id in req_ids:
+        running = {}
+        for req_id, num_drafts in drafts.items():
             sampled = tokens.get(req_id)
             if not sampled:
                 continue  # sampled nothing: the scheduler settles the window
-            if sampled[-1] in self._stop_ids.get(req_id, ()):
+            in_window = progress[req_id]
+            in_window.record(num_drafts, len(sampled))
+            if not self._stop_ids.get(req_id, frozenset()).isdisjoint(sampled):
                 self._stopped.add(req_id)
-            elif planned[req_id] > num_steps:
-                running.append(req_id)
+            elif num_steps < window_size:
+                num_next = in_window.num_next_drafts(self.num_spec_tokens)
+                if num_next is not None:
+                    running[req_id] = num_next
         return running
 
     def _count(self, num_steps: int) -> None:
@@ -236,10 +361,19 @@ class DecodeWindowRunner:
 
 
 def follow_up_step(
-    num_computed: dict[str, int], num_output_tokens: dict[str, int]
+    num_computed: dict[str, int],
+    num_output_tokens: dict[str, int],
+    num_drafts: dict[str, int],
+    num_spec_tokens_to_schedule: int = 0,
 ) -> SchedulerOutput:
-    """What a single-step scheduler would send next: each request's last
-    token at its position (the runner reads the token from its own state)."""
+    """What a single-step scheduler would send next: each request's last token
+    and `num_drafts` drafts, with upper bounds of its computed and output counts.
+
+    The runner reads the tokens (the last sampled one, the drafts its
+    speculator proposed) and each request's true position from its own state,
+    as it does for a step upstream's async scheduler planned; the drafts here
+    are placeholders, as that scheduler sends them.
+    """
     req_ids = list(num_computed)
     return replace(
         SchedulerOutput.make_empty(),
@@ -250,8 +384,12 @@ def follow_up_step(
             num_computed_tokens=[num_computed[r] for r in req_ids],
             num_output_tokens=[num_output_tokens[r] for r in req_ids],
         ),
-        num_scheduled_tokens=dict.fromkeys(req_ids, 1),
-        total_num_scheduled_tokens=len(req_ids),
+        num_scheduled_tokens={r: 1 + num_drafts[r] for r in req_ids},
+        total_num_scheduled_tokens=sum(1 + num_drafts[r] for r in req_ids),
+        scheduled_spec_decode_tokens={
+            r: [-1] * num_drafts[r] for r in req_ids if num_drafts[r]
+        },
+        num_spec_tokens_to_schedule=num_spec_tokens_to_schedule,
     )
 
 

@@ -192,13 +192,25 @@ class DecodeWindowPlanner:
         never read). `spec_counts` holds each inner step's (drafts, accepted).
         A stale window (its request was preempted after it was planned, under
         async scheduling) gives nothing back: preemption reset the counters.
+
+        Drafts are counted for the steps a single-step engine would have run:
+        those that started before the request reached max_tokens (a worker
+        that cannot see that count runs on to the window's positions). Steps
+        without drafts are counted by none, as upstream counts them.
         """
         num_unprocessed = num_scheduled - len(generated_token_ids)
         if num_unprocessed > 0 and not is_stale:
             request.num_computed_tokens -= num_unprocessed
             if self.async_scheduling:
                 request.num_output_placeholders -= num_unprocessed
+        num_tokens_left = request.max_tokens - request.num_output_tokens
+        num_generated = 0
         for num_draft_tokens, num_accepted in spec_counts:
+            if num_generated >= num_tokens_left:
+                break
+            num_generated += 1 + num_accepted
+            if not num_draft_tokens:
+                continue
             spec_decoding_stats = self.scheduler.make_spec_decoding_stats(
                 spec_decoding_stats,
                 num_draft_tokens=num_draft_tokens,
