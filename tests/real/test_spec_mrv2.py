@@ -7,14 +7,17 @@ window verifies the drafts the runner's speculator proposed after the step befor
 that step's accepted tokens end.
 
 Oracle: unpatched upstream on the same base with the same drafter and no windows (its CPU default,
-async scheduling off). Windows must give the same tokens, logprobs, finish and stop reasons, and
+async scheduling off). Windows must give the same tokens (seeded random sampling with a penalty
+included: Model Runner V2 keys its draws, rejection sampling's too, by seed and position),
+logprobs, finish and stop reasons, and
 the same number of drafts proposed and accepted: a window that handed its drafter a wrong start, a
 stale token or the wrong hidden-state rows would change those counts even where greedy tokens stay
 right. The overlay runs its CPU default, async scheduling on, with N = 4; each run must show drafts
 accepted (not vacuous), far fewer engine steps than upstream (windows ran) and an empty KV cache.
 
-Upstream agrees with itself here: two runs of upstream with the noisy draft model on this base gave
-the same tokens, logprobs and counts (docs/testing.md). Slow (about 45 s an engine run): the suite
+Upstream agrees with itself here: two runs of upstream with the noisy draft model (greedy) and with
+the EAGLE head (seeded and unseeded random, penalties) on this base gave the same tokens, logprobs
+and counts (docs/testing.md). Slow (about a minute an engine run): the suite
 runs the EAGLE head (drafts from the target's hidden states; about one in five accepted) and the
 noisy draft model; `OVERLAY_SPEC_MRV2=all` adds MTP and ngram (ngram accepts nothing on this
 model's text: it checks only that drafting never changes a token).
@@ -34,11 +37,17 @@ pytestmark = pytest.mark.every_release
 
 STEPS = 4
 LLM = {**BASE, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
-# Six prompts, at most 16 tokens each: the interpreter takes 100-300 ms a step.
+# Four prompts (two repetitive ones first), at most 12 tokens each: the interpreter takes
+# 100-300 ms a step, and these runs are in the suite's 45 minutes.
 CASES = [
-    {"prompts": case["prompts"][:6], "params": {**case["params"], "max_tokens": min(case["params"]["max_tokens"], 16)}}
+    {"prompts": case["prompts"][:4], "params": {**case["params"], "max_tokens": min(case["params"]["max_tokens"], 12)}}
     for case in SPEC_CASES
-]
+] + [
+    # Random draws keyed by (seed, position), rejection sampling's included: a window that
+    # verified other drafts, or at other positions, than single steps would change them.
+    {"prompts": SPEC_CASES[0]["prompts"][:4],
+     "params": {"temperature": 0.7, "top_p": 0.9, "seed": 3, "presence_penalty": 0.5, "logprobs": 2, "max_tokens": 12}},
+]  # fmt: skip
 SUITE_DRAFTERS = ("eagle", "noisy")
 DRAFTERS = (*SUITE_DRAFTERS, "mtp", "ngram")
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
