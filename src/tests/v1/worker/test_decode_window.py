@@ -15,7 +15,6 @@ from vllm.config.multi_step import (
     SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS,
     _model_runner_v2_spec_reasons,
 )
-
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
