@@ -55,12 +55,17 @@ ITERATIONS = "vllm:iteration_tokens_total_count"
 
 
 @pytest.fixture(scope="module")
-def spec_runs(interpreter_pythons, upstream_python, tiny_llama, tmp_path_factory):
-    """drafter -> {"upstream": outputs, "overlay": outputs}, each engine run once, when first asked."""
+def built(upstream_python, tiny_llama) -> dict:
+    """The drafters' models, built once for this file (where windows run on Model Runner V2)."""
     if windows_runner() != "mrv2":
         pytest.skip("windows run on Model Runner V1 here (tests/real/test_multi_step_spec.py)")
+    return draft_models(upstream_python, tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def spec_runs(interpreter_pythons, built, tiny_llama, tmp_path_factory):
+    """drafter -> {"upstream": outputs, "overlay": outputs}, each engine run once, when first asked."""
     tmp = tmp_path_factory.mktemp("spec-mrv2")
-    built = draft_models(upstream_python, tiny_llama)
     done: dict[str, dict] = {}
 
     def _run(drafter: str) -> dict:
@@ -124,15 +129,12 @@ print("RESULT" + json.dumps({
 """
 
 
-def test_windows_refuse_the_drafts_they_cannot_keep_as_single_steps(interpreter_pythons, upstream_python, tiny_llama,
-                                                                    tmp_path):  # fmt: skip
+def test_windows_refuse_the_drafts_they_cannot_keep_as_single_steps(interpreter_pythons, built, tiny_llama, tmp_path):
     """Speculative settings that change a step's drafts from what was scheduled (and drafters not
     run in windows) are refused at startup, by name, before a model loads; N = 1 keeps upstream's
     answer."""
-    if windows_runner() != "mrv2":
-        pytest.skip("windows run on Model Runner V1 here (tests/real/test_multi_step.py)")
-    eagle = draft_models(upstream_python, tiny_llama)["eagle"]
-    got = script_result(interpreter_pythons["overlay"], REFUSALS, tiny_llama, eagle, tmp_path=tmp_path, timeout=300)
+    got = script_result(interpreter_pythons["overlay"], REFUSALS, tiny_llama, built["eagle"], tmp_path=tmp_path,
+                        timeout=300)  # fmt: skip
     assert got["eagle"] == {"steps": 4}, got
     refused = "--num-scheduler-steps 4 cannot be combined with"
     assert f"{refused} speculative_config num_speculative_tokens_per_batch_size" in got["per_batch"]["error"], got

@@ -239,19 +239,19 @@ class DecodeWindowRunner:
             )
             for req_id in self._req_ids
         }
+        # The requests that run each step, with the drafts it verifies for them.
         drafts = {
             req_id: len(window.scheduled_spec_decode_tokens.get(req_id, ()))
             for req_id in self._req_ids
         }
         steps = [first]
-        running = self._advance(first, drafts, progress, window.multi_step_window, 1)
-        while running:
-            drafts = running
+        drafts = self._advance(first, drafts, progress, window.multi_step_window, 1)
+        while drafts:
             self.model_runner.execute_model(
                 follow_up_step(
-                    {r: start[r] + progress[r].num_processed for r in running},
-                    {r: num_outputs[r] + progress[r].num_generated for r in running},
-                    running,
+                    {r: start[r] + progress[r].num_processed for r in drafts},
+                    {r: num_outputs[r] + progress[r].num_generated for r in drafts},
+                    drafts,
                     window.num_spec_tokens_to_schedule,
                 )
             )
@@ -261,7 +261,7 @@ class DecodeWindowRunner:
                 if self.num_spec_tokens
                 else self._sample_inner_step()
             )
-            running = self._advance(
+            drafts = self._advance(
                 steps[-1], drafts, progress, window.multi_step_window, len(steps)
             )
         if not self.num_spec_tokens:
