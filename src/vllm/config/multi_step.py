@@ -263,14 +263,26 @@ MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
 def _log_model_runner_v2_windows(vllm_config: "VllmConfig", steps: int) -> None:
     device_type = vllm_config.device_config.device_type
     speculative_config = vllm_config.speculative_config
+    if speculative_config is not None:
+        inner = (
+            "the runner's own execute_model and sample_tokens, verifying "
+            f"{speculative_config.method} drafts"
+        )
+    elif device_type == "cpu" and device_window_options(vllm_config)[0]:
+        # vllm/v1/worker/standalone_inner_step.py; the window's log line says
+        # how many inner steps took it.
+        inner = (
+            "the step before's batch refreshed by the runner's own pieces on "
+            "StandaloneCPUModelRunner (else the runner's execute_model), then "
+            "its sampler"
+        )
+    else:
+        inner = "the runner's own execute_model and sampler"
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call on Model "
-        "Runner V2, each inner step the runner's own execute_model and "
-        "%s (async scheduling %s).",
+        "Runner V2, each inner step %s (async scheduling %s).",
         steps,
-        f"sample_tokens, verifying {speculative_config.method} drafts"
-        if speculative_config is not None
-        else "sampler",
+        inner,
         "on" if vllm_config.scheduler_config.async_scheduling else "off",
     )
     if device_type not in MODEL_RUNNER_V2_WINDOWS_RAN_ON:

@@ -98,6 +98,10 @@ class Config:
             if num_spec_tokens
             else None
         )
+        self.additional_config: dict = {}
+        # A CPU, where the standalone runner's batches are reused (not this
+        # stand-in's: its steps are the runner's execute_model).
+        self.device_config = SimpleNamespace(device_type="cpu")
 
 
 def new_request(req_id: str) -> NewRequestData:

@@ -56,6 +56,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from vllm.config.multi_step import device_window_options
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import (
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.standalone_inner_step import StandaloneInnerStep
     from vllm.v1.worker.worker_base import WorkerBase
 
 logger = init_logger(__name__)
@@ -121,6 +123,7 @@ class DecodeWindowRunner:
 
     def __init__(self, worker: "WorkerBase", vllm_config: "VllmConfig") -> None:
         self.worker = worker
+        self.vllm_config = vllm_config
         self.async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
         speculative_config = vllm_config.speculative_config
         self.num_spec_tokens = (
@@ -138,8 +141,13 @@ class DecodeWindowRunner:
         # scheduling the step after it was planned before the scheduler knew.
         self._stopped: set[str] = set()
         self._ran_nothing = False
+        # Inner steps on the step before's batch, where the runner allows it
+        # (made on the first window: the runner is loaded after the worker).
+        self._reused: StandaloneInnerStep | None = None
+        self._reused_made = False
         self._num_windows = 0
         self._num_steps = 0
+        self._num_reused = 0
 
     @classmethod
     def create(
@@ -205,6 +213,10 @@ class DecodeWindowRunner:
         window, self._window = self._window, None
         if self._ran_nothing:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        reused = self._reused_steps() if window is not None else None
+        if reused is not None:
+            executed = self.model_runner.execute_model_state
+            reused.keep(executed.input_batch if executed is not None else None)
         first = self.model_runner.sample_tokens(grammar_output)
         if window is None or first is None:
             return first
@@ -246,15 +258,19 @@ class DecodeWindowRunner:
         }
         steps = [first]
         drafts = self._advance(first, drafts, progress, window.multi_step_window, 1)
+        reused = self._reused if not self.num_spec_tokens else None
         while drafts:
-            self.model_runner.execute_model(
-                follow_up_step(
-                    {r: start[r] + progress[r].num_processed for r in drafts},
-                    {r: num_outputs[r] + progress[r].num_generated for r in drafts},
-                    drafts,
-                    window.num_spec_tokens_to_schedule,
+            if reused is not None and reused.execute(drafts):
+                self._num_reused += 1
+            else:
+                self.model_runner.execute_model(
+                    follow_up_step(
+                        {r: start[r] + progress[r].num_processed for r in drafts},
+                        {r: num_outputs[r] + progress[r].num_generated for r in drafts},
+                        drafts,
+                        window.num_spec_tokens_to_schedule,
+                    )
                 )
-            )
             # With a speculator the runner's whole step, which drafts for the next.
             steps.append(
                 resolve_output(self.model_runner.sample_tokens(None))
@@ -267,6 +283,21 @@ class DecodeWindowRunner:
         if not self.num_spec_tokens:
             return steps, {}
         return steps, {r: p.spec_counts for r, p in progress.items()}
+
+    def _reused_steps(self) -> "StandaloneInnerStep | None":
+        """The runner's inner steps on the step before's batch, where it has
+        them (StandaloneCPUModelRunner) and the device window option is on."""
+        if not self._reused_made:
+            self._reused_made = True
+            enabled, _ = device_window_options(self.vllm_config)
+            if enabled and self.vllm_config.device_config.device_type == "cpu":
+                # Imported here: the module reads the CPU runner's own kernels.
+                from vllm.v1.worker.standalone_inner_step import StandaloneInnerStep
+
+                self._reused = StandaloneInnerStep.create(
+                    self.model_runner, self.vllm_config
+                )
+        return self._reused
 
     def _tokens_left(self, req_id: str, num_output_tokens: int) -> int | None:
         """How many tokens a request may still generate, where the scheduler's
@@ -296,6 +327,8 @@ class DecodeWindowRunner:
         model_runner.execute_model_state = None  # consumed, as sample_tokens does
         assert executed is not None and executed.hidden_states is not None
         step_batch = executed.input_batch
+        if self._reused is not None:
+            self._reused.keep(step_batch)
         step_sample, num_sampled, num_rejected = model_runner.sample(
             executed.hidden_states, step_batch, None
         )
@@ -351,12 +384,15 @@ class DecodeWindowRunner:
         self._num_windows += 1
         self._num_steps += num_steps
         if self._num_windows & (self._num_windows - 1) == 0:
+            num_inner = self._num_steps - self._num_windows
             logger.info(
                 "Multi-step decode on Model Runner V2 (%s): %d windows, %.2f "
-                "steps per window.",
+                "steps per window, %d%% of inner steps on the batch of the step "
+                "before.",
                 type(self.model_runner).__name__,
                 self._num_windows,
                 self._num_steps / self._num_windows,
+                100 * self._num_reused // max(num_inner, 1),
             )
 
 
