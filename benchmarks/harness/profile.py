@@ -39,18 +39,23 @@ HELP = "where a process's wall time goes during offline decode: a py-spy samplin
 # (bucket, frame markers): a sample goes to the first bucket one of whose
 # markers appears in one of its frames.
 BUCKETS = [
-    ("model forward", ["GPUModelRunner._model_forward "]),
+    # Model Runner V1 names, then Model Runner V2's (vLLM 0.34.0: the standalone CPU runner, whose forward
+    # is a call of the model inside execute_model, so its model's own forward frame marks it).
+    ("model forward", ["GPUModelRunner._model_forward ", ".forward (vllm/model_executor/models/"]),
     ("logits", [".compute_logits "]),
-    ("sampling (Sampler)", ["GPUModelRunner._sample "]),
+    ("sampling (Sampler)", ["GPUModelRunner._sample ", "CPUSampler.__call__ ", "postprocess_sampled "]),
     ("runner: sample_tokens bookkeeping", ["GPUModelRunner._bookkeeping_sync "]),
-    ("runner: attention metadata", ["GPUModelRunner._build_attention_metadata "]),
-    ("runner: rest of a full step (input preparation)", ["GPUModelRunner.execute_model "]),
-    ("runner: rest of sample_tokens", ["GPUModelRunner.sample_tokens "]),
-    ("overlay: window and lean-step code", ["multi_step.py:", "multi_step_lean.py:"]),
+    ("runner: attention metadata", ["GPUModelRunner._build_attention_metadata ", "ModelState.prepare_attn ",
+                                    "ModelRunner.prepare_attn "]),
+    ("runner: rest of a full step (input preparation)", ["GPUModelRunner.execute_model ",
+                                                         "StandaloneCPUModelRunner.execute_model "]),
+    ("runner: rest of sample_tokens", ["GPUModelRunner.sample_tokens ", "StandaloneCPUModelRunner.sample_tokens "]),
+    ("overlay: window and lean-step code", ["multi_step.py:", "multi_step_lean.py:", "decode_window.py:",
+                                            "standalone_inner_step.py:"]),
     ("sending the output to the engine core", ["WorkerProc.handle_output ", "WorkerProc.enqueue_output "]),
     ("other work in an RPC", ["WorkerProc._execute_worker_rpc "]),
     ("waiting for the next step (queue read)", ["MessageQueue.dequeue ", "WorkerProc.worker_busy_loop "]),
-]
+]  # fmt: skip
 # The engine core's main thread (--process engine-core): schedule, hand the step
 # to the worker, wait for its output, update the scheduler, move requests in and
 # outputs out.
@@ -124,13 +129,34 @@ def add_arguments(ap) -> None:
     ap.add_argument("--rate", type=int, default=250, help="samples per second")
     results.add_json_argument(ap)
     ap.add_argument("--raw", type=Path, help="also keep py-spy's raw stacks here (for line-level reading)")
+    ap.add_argument("--from-raw", type=Path,
+                    help="sort the stacks of an earlier run's --raw file instead of running (--build, --kwargs and "
+                         "--process should say what that run was)")  # fmt: skip
 
 
 def main(args) -> int:
     pythons = builds.venvs()
+    process_name, buckets_by_marker = PROCESSES[args.process]
+    if args.from_raw:
+        buckets, total = classify(args.from_raw, buckets_by_marker)
+    else:
+        buckets, total = _record(args, pythons, process_name, buckets_by_marker)
+    print(f"{args.build} {args.kwargs}: {total} samples of the {args.process}'s main thread")
+    for name, n in buckets.most_common():
+        print(f"  {100 * n / total:5.1f}%  {name}")
+    share = {k: round(v / total, 4) for k, v in buckets.most_common()}
+    runs = [{"build": args.build, "kwargs": json.loads(args.kwargs), "process": args.process, "samples": total,
+             "share": share}]  # fmt: skip
+    data = results.make("profile", arguments=results.arguments(args), runs=runs, summary=summarize(runs),
+                        python=pythons[builds.OVERLAY])  # fmt: skip
+    results.write(data, args.json)
+    return 0
+
+
+def _record(args, pythons: dict, process_name: str, buckets_by_marker: list) -> tuple[Counter, int]:
+    """Run the offline decode in one build and sample one of its processes with py-spy."""
     python, model = pythons[args.build], builds.build_model(pythons[builds.UPSTREAM], "tiny")
     spy = _py_spy()
-    process_name, buckets_by_marker = PROCESSES[args.process]
     with tempfile.TemporaryDirectory() as tmp:
         log, raw = Path(tmp) / "run.log", Path(tmp) / "main-thread.raw"
         cmd = [python, worker.WORKER, model, args.kwargs, "32", "256", "200"]
@@ -146,16 +172,6 @@ def main(args) -> int:
         finally:
             os.killpg(run.pid, signal.SIGKILL)  # the engine core and worker too
             run.wait()
-        buckets, total = classify(raw, buckets_by_marker)
         if args.raw:
             shutil.copyfile(raw, args.raw)
-    print(f"{args.build} {args.kwargs}: {total} samples of the {args.process}'s main thread over {args.seconds} s")
-    for name, n in buckets.most_common():
-        print(f"  {100 * n / total:5.1f}%  {name}")
-    share = {k: round(v / total, 4) for k, v in buckets.most_common()}
-    runs = [{"build": args.build, "kwargs": json.loads(args.kwargs), "process": args.process, "samples": total,
-             "share": share}]  # fmt: skip
-    data = results.make("profile", arguments=results.arguments(args), runs=runs, summary=summarize(runs),
-                        python=pythons[builds.OVERLAY])  # fmt: skip
-    results.write(data, args.json)
-    return 0
+        return classify(raw, buckets_by_marker)
