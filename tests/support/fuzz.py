@@ -151,6 +151,11 @@ def _configs() -> dict[str, Config]:
         Config("eagle-N8", "llama", {}, 8, drafter="eagle", structured=False, draft_params=True),
         Config("eagle-N4-sync", "llama", {}, 4, async_off=True, drafter="eagle", structured=False, draft_params=True),
         Config("eagle-preempt-N4", "llama", PREEMPT, 4, drafter="eagle", structured=False, draft_params=True),
+        # Windows whose drafts run into max_model_len: each step verifies fewer drafts where the
+        # window's positions end (a single-step scheduler trims them there too).
+        Config(
+            "eagle-maxlen96-N4", "llama", {"max_model_len": 96}, 4, drafter="eagle", structured=False, draft_params=True
+        ),
         Config("eagle-N1", "llama", {}, 1, drafter="eagle", structured=False, draft_params=True),
         Config("mtp-N1", "mimo", {}, 1, drafter="mtp", structured=False, draft_params=True),
         Config("mtp-N4", "mimo", {}, 4, drafter="mtp", structured=False, draft_params=True),
