@@ -242,7 +242,7 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             + ". Use --num-scheduler-steps 1 for these."
         )
     if not windows_on_v1_runner():
-        _log_model_runner_v2_windows(vllm_config, steps)
+        _log_model_runner_v2_windows(vllm_config, steps, device_window)
         return
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call "
@@ -260,7 +260,9 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
 MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
 
 
-def _log_model_runner_v2_windows(vllm_config: "VllmConfig", steps: int) -> None:
+def _log_model_runner_v2_windows(
+    vllm_config: "VllmConfig", steps: int, device_window: bool
+) -> None:
     device_type = vllm_config.device_config.device_type
     speculative_config = vllm_config.speculative_config
     if speculative_config is not None:
@@ -268,7 +270,7 @@ def _log_model_runner_v2_windows(vllm_config: "VllmConfig", steps: int) -> None:
             "the runner's own execute_model and sample_tokens, verifying "
             f"{speculative_config.method} drafts"
         )
-    elif device_type == "cpu" and device_window_options(vllm_config)[0]:
+    elif device_type == "cpu" and device_window:
         # vllm/v1/worker/standalone_inner_step.py; the window's log line says
         # how many inner steps took it.
         inner = (

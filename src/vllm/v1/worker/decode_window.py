@@ -215,8 +215,7 @@ class DecodeWindowRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         reused = self._reused_steps() if window is not None else None
         if reused is not None:
-            executed = self.model_runner.execute_model_state
-            reused.keep(executed.input_batch if executed is not None else None)
+            reused.keep_executed()  # step 1's batch, before sampling consumes it
         first = self.model_runner.sample_tokens(grammar_output)
         if window is None or first is None:
             return first
@@ -271,6 +270,8 @@ class DecodeWindowRunner:
                         window.num_spec_tokens_to_schedule,
                     )
                 )
+                if reused is not None:
+                    reused.keep_executed()
             # With a speculator the runner's whole step, which drafts for the next.
             steps.append(
                 resolve_output(self.model_runner.sample_tokens(None))
@@ -327,8 +328,6 @@ class DecodeWindowRunner:
         model_runner.execute_model_state = None  # consumed, as sample_tokens does
         assert executed is not None and executed.hidden_states is not None
         step_batch = executed.input_batch
-        if self._reused is not None:
-            self._reused.keep(step_batch)
         step_sample, num_sampled, num_rejected = model_runner.sample(
             executed.hidden_states, step_batch, None
         )

@@ -80,9 +80,11 @@ class StandaloneInnerStep:
             return None
         return cls(standalone)
 
-    def keep(self, cpu_batch: InputBatch | None) -> None:
-        """The batch the runner just ran (None: none to reuse)."""
-        self._batch = cpu_batch
+    def keep_executed(self) -> None:
+        """Keep the batch the runner's `execute_model` just ran, for the next
+        inner step (none where it ran nothing)."""
+        executed = self.standalone.execute_model_state
+        self._batch = executed.input_batch if executed is not None else None
 
     @torch.inference_mode()
     def execute(self, req_ids: "Collection[str]") -> bool:
