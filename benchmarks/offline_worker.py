@@ -13,7 +13,8 @@ On a CUDA device the forward is timed between device synchronizations (the
 GPU's time, not the launch's) and no affinity is set. --worker-forward times the
 forward inside the served worker process instead (benchmarks/worker_forward_timer,
 CPU: no device synchronization) and adds its median to the result beside the
-throughput of the same runs.
+throughput of the same runs. BATCH may list several sizes ("32,128"): one engine
+start measures each in turn, and RESULT maps each size to its own result.
 """
 
 import json
@@ -27,9 +28,10 @@ from pathlib import Path
 
 
 def main() -> None:
-    model, kwargs, batch, out_len, reps = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:6])
+    model, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    batches, (out_len, reps) = [int(b) for b in sys.argv[3].split(",")], map(int, sys.argv[4:6])
     forward_only = "--forward-only" in sys.argv
-    forward_times: list[float] = []
+    forward_times: dict[int, list[float]] = {b: [] for b in batches}
     if forward_only:
         import torch
 
@@ -37,74 +39,112 @@ def main() -> None:
         if not torch.cuda.is_available():
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
-        def timed(original):
-            def forward(self, *args, **kw):
-                sync()
-                start = time.perf_counter()
-                out = original(self, *args, **kw)
-                sync()
-                if kw.get("input_ids") is not None and kw["input_ids"].shape[0] == batch:
-                    forward_times.append(time.perf_counter() - start)
+        def record(rows: int, seconds: float) -> None:
+            if rows in forward_times:
+                forward_times[rows].append(seconds)
+
+        def timed(original, rows_of):
+            def forward(*args, **kw):
+                if _timing:  # a forward inside a timed one (a graph's runner calling the model)
+                    return original(*args, **kw)
+                _timing.append(True)
+                try:
+                    sync()
+                    start = time.perf_counter()
+                    out = original(*args, **kw)
+                    sync()
+                finally:
+                    _timing.clear()
+                record(rows_of(args, kw), time.perf_counter() - start)
                 return out
 
             return forward
 
         _time_forwards(timed)
-    timer_dir = _time_worker_forward(batch) if "--worker-forward" in sys.argv else None
-    from vllm import LLM, SamplingParams
+    if "--worker-forward" in sys.argv and len(batches) > 1:
+        sys.exit("--worker-forward times one batch size (its forwards are told apart by their rows only)")
+    timer_dir = _time_worker_forward(batches[0]) if "--worker-forward" in sys.argv else None
+    from vllm import LLM
 
     spec = "speculative_config" in kwargs  # then also report the acceptance (engine stats on)
     llm = LLM(**{"model": model, "dtype": "float32", "max_model_len": 1024, "seed": 0, **kwargs}
               | ({"disable_log_stats": False} if spec else {}))  # fmt: skip
+    results = {}
+    for batch in batches:
+        results[batch] = _measure(llm, batch, out_len, reps, forward_times[batch] if forward_only else None)
+        if spec:
+            results[batch]["acceptance_length"] = _acceptance_length(llm)
+    if timer_dir is not None:
+        # One file per process, one full-batch forward's seconds per line.
+        times = [float(t) for f in timer_dir.glob("*.txt") for t in f.read_text().split()]
+        shutil.rmtree(timer_dir)
+        results[batches[0]]["worker_forward_ms"] = statistics.median(times) * 1000 if times else None
+        results[batches[0]]["worker_forwards"] = len(times)
+    result = results[batches[0]] if len(batches) == 1 else {"batches": results}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float] | None) -> dict:
+    """Output tokens/s of REPS runs of BATCH prompts after a warm-up; with forward_times, the forward's limit."""
+    from vllm import SamplingParams
+
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     rates = []
     for _ in range(reps):
-        forward_times.clear()
+        if forward_times is not None:
+            forward_times.clear()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
     result = {"best": max(rates), "median": statistics.median(rates)}
-    if spec:
-        totals = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-        drafts = totals.get("vllm:spec_decode_num_drafts", 0)
-        accepted = totals.get("vllm:spec_decode_num_accepted_tokens", 0)
-        # Tokens per verified step: the bonus token plus the accepted drafts.
-        result["acceptance_length"] = 1 + accepted / drafts if drafts else None
-    if timer_dir is not None:
-        # One file per process, one full-batch forward's seconds per line.
-        times = [float(t) for f in timer_dir.glob("*.txt") for t in f.read_text().split()]
-        shutil.rmtree(timer_dir)
-        result["worker_forward_ms"] = statistics.median(times) * 1000 if times else None
-        result["worker_forwards"] = len(times)
-    if forward_only:
-        result["forward_ms"] = statistics.median(forward_times) * 1000
-        result["forward_limit"] = batch / statistics.median(forward_times)
+    if forward_times is not None:
         import torch
 
+        result["forward_ms"] = statistics.median(forward_times) * 1000
+        result["forward_limit"] = batch / statistics.median(forward_times)
         result["forward_threads"] = torch.get_num_threads()
         result["forward_cores"] = sorted(os.sched_getaffinity(0))
-    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+def _acceptance_length(llm) -> float | None:
+    """Tokens per verified step so far: the bonus token plus the accepted drafts."""
+    totals = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    drafts = totals.get("vllm:spec_decode_num_drafts", 0)
+    accepted = totals.get("vllm:spec_decode_num_accepted_tokens", 0)
+    return 1 + accepted / drafts if drafts else None
+
+
+_timing: list[bool] = []  # set while a timed forward runs
+
+
+def _input_rows(args: tuple, kw: dict) -> int | None:
+    input_ids = kw.get("input_ids")
+    return None if input_ids is None else input_ids.shape[0]
 
 
 def _time_forwards(timed) -> None:
-    """Wrap the model's forward as the runner calls it, on the runner this vLLM has."""
-    try:  # Model Runner V1 (vLLM up to 0.33.0): the runner's own forward method
+    """Wrap the forward as each runner this vLLM has calls it (eager, piecewise or full graph)."""
+    try:  # Model Runner V1 (vLLM up to 0.33.0, the runner this script times there)
         from vllm.v1.worker import gpu_model_runner
 
         runner = gpu_model_runner.GPUModelRunner
-        runner._model_forward = timed(runner._model_forward)
+        runner._model_forward = timed(runner._model_forward, _input_rows)
         return
     except ImportError:
         pass
-    # Model Runner V2 only (0.34.0 on): the runners call the model itself; wrap its class's
-    # forward once the runner has loaded it.
+    # Model Runner V2 only (0.34.0 on): eager steps call the model, graphed ones the graph manager.
     from vllm.v1.worker.cpu.standalone_model_runner import StandaloneCPUModelRunner
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    for runner in (StandaloneCPUModelRunner, GPUModelRunner):
+    manager = ModelCudaGraphManager
+    manager.run_fullgraph = timed(manager.run_fullgraph, lambda args, kw: args[1].num_tokens)
+    manager.run_pw_graph = timed(manager.run_pw_graph, lambda args, kw: _input_rows((), args[2]))
+    for runner in (StandaloneCPUModelRunner, GPUModelRunner):  # the model's class, once loaded
         runner.load_model = _then_time_model(runner.load_model, timed)
 
 
@@ -113,7 +153,7 @@ def _then_time_model(load_model, timed):
         out = load_model(self, *args, **kw)
         cls = type(self.model)
         if not getattr(cls, "_forward_timed", False):
-            cls.forward, cls._forward_timed = timed(cls.forward), True
+            cls.forward, cls._forward_timed = timed(cls.forward, _input_rows), True
         return out
 
     return load

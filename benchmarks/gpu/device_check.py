@@ -1,21 +1,30 @@
 """The GPU check, run on the lent GPU machine by device_check.sh (see README.md here).
 
+It checks the pinned release (vLLM 0.34.0: Model Runner V2, the only runner).
 Stages, each time-boxed, each catching its own failure (the error tail goes into
 the results) and writing $OUT/results.json as its jobs end:
   facts     the GPU, torch, Python and the relevant packages there
   parity    the parity engines of tests/support/parity.py through `vllm.LLM`
             (tests/support/generate.py): upstream (async scheduling on, the GPU
-            default) is the oracle; overlay runs (RUNS below) are compared token
-            for token with it
-  bench     tiny model, batch 32, 256 greedy tokens: upstream vs overlay N=8
-            (CHECK_ROUNDS rounds, alternating order), and the forward-only limit (the decode forward
-            alone between device synchronizations), eager and with CUDA graphs
+            default) is the oracle; overlay runs (PARITY_RUNS) are compared token
+            for token with it: windows eager and under the runner's CUDA graphs,
+            async on and off, chunked prefill, preemption, and EAGLE windows
+            against upstream's EAGLE without windows
+  bench     per model (CHECK_MODELS: the tiny Llama, and a Qwen3-0.6B-shaped
+            random model built here) and mode (CHECK_MODES), one engine per build
+            measures batch 32 and 128 (CHECK_BATCHES), 256 greedy tokens:
+            upstream against overlay N = 1, 4, 8, 16 (CHECK_STEPS), CHECK_ROUNDS
+            rounds in alternating order, then the forward-only limit (the decode
+            forward or graph replay alone between device synchronizations)
   smoke     (only when asked) both builds import and name themselves
 Both builds run the Python code of their CUDA wheels with the same settings
 (GPU_LLM, ENV): no compiled vLLM kernels exist there (stub_kernels.py says why),
 so the engine is kept on paths that need none: PyTorch-native custom ops and IR
-ops, Triton attention, the V1 model runner, the PyTorch sampler, no DeepGEMM.
+ops, Triton attention, the Triton sampler, no DeepGEMM.
 Progress lines go to stdout as each job ends, so a timeout shows how far it got.
+CHECK_LOCAL=1 rehearses the whole script here on the CPU test bases (the suite's
+venvs, CPU settings, small sizes; CHECK_LOCAL_BASE=-interpreter for the base with
+drafters): it checks the script, not the GPU.
 """
 
 from __future__ import annotations
@@ -32,18 +41,19 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from support.parity import ENGINES, assert_same_outputs  # noqa: E402
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
+from harness.builds import MODEL_ARGS  # noqa: E402
+from support.fuzz import speculative_config  # noqa: E402
+from support.parity import ENGINES, SPEC_CASES, assert_same_outputs  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WORK = Path("/tmp/gpucheck")
-MODEL = ROOT / ".gpu" / "model"
-TREES = {"upstream": "/tmp/up", "overlay": "/tmp/ov"}
+LOCAL = os.environ.get("CHECK_LOCAL") == "1"
 START = time.monotonic()
 DEADLINE = START + float(os.environ.get("CHECK_BUDGET_S", "330"))
 # Parity may use this share of the budget; the benchmark gets the rest.
-PARITY_SHARE = float(os.environ.get("CHECK_PARITY_SHARE", "0.45"))
-# Benchmark rounds per mode (upstream and N=8 alternate order each round).
+PARITY_SHARE = float(os.environ.get("CHECK_PARITY_SHARE", "0.4"))
+# Benchmark rounds per mode (the builds alternate order each round).
 ROUNDS = int(os.environ.get("CHECK_ROUNDS", "1"))
 
 # The same engine settings for both builds, chosen so that no compiled vLLM
@@ -53,34 +63,69 @@ GPU_LLM = {
     "compilation_config": {"custom_ops": ["none"]},  # PyTorch-native CustomOps
     # RMSNorm dispatches through vLLM IR ops, whose CUDA default is the compiled
     # "vllm_c" kernel whenever Inductor is off; "native" is vLLM's own torch impl.
-    "ir_op_priority": {"rms_norm": ["native"], "fused_add_rms_norm": ["native"], "gelu_and_mul_sparse": ["native"]},
+    "kernel_config": {"ir_op_priority": {"rms_norm": ["native"], "fused_add_rms_norm": ["native"],
+                                         "gelu_and_mul_sparse": ["native"]}},
     "kv_cache_memory_bytes": 1 << 30,  # fixed: engines share the GPU, profiling would see each other
     # Only checked against free memory at start when kv_cache_memory_bytes is
-    # set: the default 0.9 of the H200 fails for the later of parallel engines.
+    # set: the default (0.92) of the H200 fails for the later of parallel engines.
     "gpu_memory_utilization": 0.05,
 }  # fmt: skip
 ENV = {
-    "VLLM_USE_V2_MODEL_RUNNER": "0",  # V1 runner (the V2 one needs the compiled UVA op); multi-step runs on V1
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # else the sampler imports FlashInfer (absent): PyTorch top-k/top-p
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # else the sampler imports FlashInfer (absent)
     "VLLM_USE_DEEP_GEMM": "0",  # the vendored DeepGEMM has no extension here; the warmup would probe it
     "VLLM_USE_LAYERNAME": "0",  # plain-str layer names in vLLM's custom ops (the torch >= 2.11 opaque type is
-    #                             only for torch.compile; avoids an API that changed up to 2.13)
+    #                             only for torch.compile; avoids an API that changed up to 2.14)
+    "VLLM_CONFIDENTIAL_COMPUTE": "0",  # pins the NVML probe that could switch the UVA buffers off unseen
     "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",  # xgrammar's tvm-ffi would try to JIT a torch extension (nvcc)
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
-    "TORCHINDUCTOR_COMPILE_THREADS": "1",  # the sampler's small torch.compile calls: no worker pools x 20 engines
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no Inductor worker pools x 20 engines
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONUNBUFFERED": "1",
 }
-# (engine, N, async_scheduling): N=1/4/8 on the main matrix, N=8 on the others.
-PARITY_ENGINES = os.environ.get("CHECK_ENGINES", "llama,prefix,chunked,preempt,structured").split(",")
-LLAMA_RUNS = [(1, None), (4, None), (8, None), (8, False)]
-OTHER_RUNS = [(8, None), (8, False)]
+# Model Runner V2 captures its own FULL graphs of decode batches (no torch.compile).
 GRAPHS = {"compilation_config": {"mode": 0, "custom_ops": ["none"], "cudagraph_mode": "FULL_DECODE_ONLY",
-                                 "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]},
-          "kernel_config": {"enable_jit_warmup": False}}  # fmt: skip
-RESULTS: dict = {"settings": {"llm": GPU_LLM, "env": ENV, "graphs": GRAPHS}}
+                                 "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128]},
+          "enforce_eager": False}  # fmt: skip
+# Benchmark modes: the runner's graphs; vLLM's default compilation (torch.compile and
+# FULL_AND_PIECEWISE graphs, what a user gets; may not start on this torch); eager.
+MODES = {"graphs": GRAPHS, "default": {"enforce_eager": False}, "eager": {"enforce_eager": True}}
+TREES = {"upstream": "/tmp/up", "overlay": "/tmp/ov"}
+MODEL = ROOT / ".gpu" / "model"
+EAGLE = ROOT / ".gpu" / "eagle"
+BIG_MODEL = Path("/tmp/gpucheck-models/qwen3-0.6b")
+if LOCAL:  # the suite's CPU venvs and models, CPU settings, small sizes
+    VENVS = ROOT / "build" / "venvs"
+    BASE = os.environ.get("CHECK_LOCAL_BASE", "")  # "-interpreter": the base with drafters
+    PYTHONS = {b: VENVS / f"{b}-0.34.0{BASE}" / "bin" / "python" for b in TREES}
+    GPU_LLM, ENV = {}, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    MODES = {"graphs": {}, "default": {}, "eager": {}}
+    MODEL, EAGLE = ROOT / "build" / "models" / "tiny-llama", ROOT / "build" / "models" / "tiny-llama-eagle"
+    BIG_MODEL = ROOT / "build" / "models" / "tiny-qwen3"
+BENCH_MODELS = {"tiny": (MODEL, "float32"), "qwen3-0.6b": (BIG_MODEL, "float32" if LOCAL else "bfloat16")}
+# One benchmark engine at a time: KV for batch 128 x 288 tokens of the Qwen3-0.6B shape (112 KiB a
+# token in bfloat16: 4 GiB) without preemption; the parity engines' 1 GiB each would preempt.
+BENCH_MEMORY = {} if LOCAL else {"kv_cache_memory_bytes": 8 << 30, "gpu_memory_utilization": 0.5}
+BENCH_SIZES = {"batches": os.environ.get("CHECK_BATCHES", "4,8" if LOCAL else "32,128"),
+               "out_len": 32 if LOCAL else 256, "reps": 1 if LOCAL else 3}  # fmt: skip
+
+# (parity engine, run name) -> extra LLM kwargs of the overlay's run; the engine's
+# upstream run (its oracle) has the same kwargs without num_scheduler_steps/async.
+EAGLE_LLM = {"speculative_config": speculative_config("eagle", str(MODEL), {"eagle": EAGLE})}
+PARITY_ENGINES = {  # name: (parity.ENGINES entry, kwargs both builds add, overlay runs)
+    "llama": ("llama", {}, {"N=1": {"num_scheduler_steps": 1}, "N=4": {"num_scheduler_steps": 4},
+                            "N=8": {"num_scheduler_steps": 8},
+                            "N=8 async=off": {"num_scheduler_steps": 8, "async_scheduling": False}}),
+    "llama-graphs": ("llama", GRAPHS if not LOCAL else {}, {"N=8": {"num_scheduler_steps": 8}}),
+    "chunked": ("chunked", {}, {"N=8": {"num_scheduler_steps": 8},
+                                "N=8 async=off": {"num_scheduler_steps": 8, "async_scheduling": False}}),
+    "preempt": ("preempt", {}, {"N=8": {"num_scheduler_steps": 8},
+                                "N=8 async=off": {"num_scheduler_steps": 8, "async_scheduling": False}}),
+    "eagle": (None, EAGLE_LLM, {"N=4": {"num_scheduler_steps": 4},
+                                "N=4 async=off": {"num_scheduler_steps": 4, "async_scheduling": False}}),
+}  # fmt: skip
+RESULTS: dict = {"settings": {"llm": GPU_LLM, "env": ENV, "modes": MODES, "local": LOCAL}}
 
 
 def _t() -> str:
@@ -96,7 +141,11 @@ def _save() -> None:
 
 
 def _env(build: str) -> dict:
-    return {**os.environ, **ENV, "PYTHONPATH": f"{TREES[build]}:/tmp/site"}
+    return {**os.environ, **ENV, **({} if LOCAL else {"PYTHONPATH": f"{TREES[build]}:/tmp/site"})}
+
+
+def _python(build: str) -> str:
+    return str(PYTHONS[build]) if LOCAL else sys.executable
 
 
 def _why(rc: int, text: str, n: int = 2500) -> str:
@@ -124,7 +173,7 @@ def _run(build: str, args: list, tag: str, timeout: float, extra_env: dict | Non
         return 125, "not started: out of time"
     with log_path.open("w") as f:
         env = {**_env(build), **(extra_env or {})}
-        cmd = [sys.executable, *map(str, args)]
+        cmd = [_python(build), *map(str, args)]
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=WORK, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)
@@ -178,9 +227,10 @@ def stage_smoke() -> None:
 
 
 def _spec(engine: str, extra: dict) -> dict:
-    _model, kwargs, cases = ENGINES[engine]
+    entry, both, _runs = PARITY_ENGINES[engine]
+    kwargs, cases = ENGINES[entry][1:] if entry else ({}, SPEC_CASES)
     llm = {"model": str(MODEL), "dtype": "float32", "max_model_len": 512, "seed": 0, **GPU_LLM, "enforce_eager": True}
-    return {"llm": {**llm, **kwargs, **extra}, "cases": cases}
+    return {"llm": {**llm, **kwargs, **both, **extra}, "cases": cases}
 
 
 def _generate(build: str, engine: str, extra: dict, tag: str, deadline: float) -> dict:
@@ -191,22 +241,25 @@ def _generate(build: str, engine: str, extra: dict, tag: str, deadline: float) -
     row = {"seconds": round(time.monotonic() - start, 1)}
     if rc != 0 or not out.exists():
         return {**row, "error": _why(rc, text)}
-    return {**row, "result": json.loads(out.read_text()), "lean": "run as lean steps" in text,
-            "not_lean": "not covered by the lean inner step" in text}  # fmt: skip
+    # The overlay's startup line names the path; its window lines say that windows ran.
+    path = [ln.split("Multi-step decode: ", 1)[1][:300] for ln in text.splitlines() if "Multi-step decode: " in ln]
+    windows = [ln.split("Multi-step decode on Model Runner V2 ", 1)[1][:200] for ln in text.splitlines()
+               if "Multi-step decode on Model Runner V2 (" in ln]  # fmt: skip
+    return {**row, "result": json.loads(out.read_text()), "path": path[:1], "windows": windows[-1:]}
 
 
 def stage_parity() -> None:
     deadline = START + PARITY_SHARE * (DEADLINE - START) if "bench" in _wanted() else DEADLINE
+    engines = [e for e in os.environ.get("CHECK_ENGINES", ",".join(PARITY_ENGINES)).split(",") if e]
     jobs = {}
-    for engine in PARITY_ENGINES:
+    for engine in engines:
         jobs[(engine, "upstream")] = ("upstream", engine, {})
-        for n, async_mode in LLAMA_RUNS if engine == "llama" else OTHER_RUNS:
-            extra = {"num_scheduler_steps": n} | ({} if async_mode is None else {"async_scheduling": async_mode})
-            jobs[(engine, f"N={n} async={'off' if async_mode is False else 'on'}")] = ("overlay", engine, extra)
+        for name, extra in PARITY_ENGINES[engine][2].items():
+            jobs[(engine, name)] = ("overlay", engine, extra)
     RESULTS["parity"] = parity = {}
     RESULTS["parity_runs"] = runs = {}
     done: dict = {}
-    workers = int(os.environ.get("CHECK_PARALLEL", str(len(jobs))))  # all at once: 16 cores, 141 GB
+    workers = int(os.environ.get("CHECK_PARALLEL", "2" if LOCAL else str(len(jobs))))  # 16 cores, 141 GB
     with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
         futures = {pool.submit(_generate, *job, f"{key[0]}-{key[1].replace(' ', '_').replace('=', '')}", deadline): key
                    for key, job in jobs.items()}  # fmt: skip
@@ -239,14 +292,17 @@ def _compare(engine: str, got: dict, oracle: dict) -> dict:
     if "error" in got:
         return {"status": "overlay failed", "why": got["error"][-1500:]}
     ours, theirs = got["result"], oracle["result"]
-    steps = ours["counters"].get("vllm:iteration_tokens_total_count", 0)
-    row = {"engine_steps": steps, "upstream_steps": theirs["counters"].get("vllm:iteration_tokens_total_count", 0),
-           "preemptions": ours["counters"].get("vllm:num_preemptions"),
-           "upstream_preemptions": theirs["counters"].get("vllm:num_preemptions"),
-           "prefix_hits": ours["counters"].get("vllm:prefix_cache_hits"), "lean_steps_logged": got["lean"],
+    counters, oracle_counters = ours["counters"], theirs["counters"]
+    row = {"engine_steps": counters.get("vllm:iteration_tokens_total_count", 0),
+           "upstream_steps": oracle_counters.get("vllm:iteration_tokens_total_count", 0),
+           "preemptions": counters.get("vllm:num_preemptions"),
+           "upstream_preemptions": oracle_counters.get("vllm:num_preemptions"),
+           "accepted_drafts": counters.get("vllm:spec_decode_num_accepted_tokens"),
+           "upstream_accepted_drafts": oracle_counters.get("vllm:spec_decode_num_accepted_tokens"),
+           "path": got["path"], "windows": got["windows"],
            "async": ours["async_scheduling"], "oracle_async": theirs["async_scheduling"]}  # fmt: skip
     try:
-        assert_same_outputs(ours, theirs, engine)
+        assert_same_outputs(ours, theirs, engine, _spec(engine, {})["cases"])
         row["status"] = "identical"
     except AssertionError as e:
         row["status"] = "DIFFERENT"
@@ -254,60 +310,95 @@ def _compare(engine: str, got: dict, oracle: dict) -> dict:
     return row
 
 
-def _bench(build: str, kwargs: dict, tag: str, forward_only: bool = False) -> dict:
-    args = [ROOT / "benchmarks" / "offline_worker.py", MODEL, json.dumps({**GPU_LLM, **kwargs}), 32, 256, 3]
+def _bench(build: str, model: str, kwargs: dict, tag: str, forward_only: bool = False) -> dict:
+    path, dtype = BENCH_MODELS[model]
+    llm = {**GPU_LLM, **BENCH_MEMORY, "dtype": dtype, **kwargs}
+    sizes = [BENCH_SIZES["batches"], BENCH_SIZES["out_len"], BENCH_SIZES["reps"]]
+    args = [ROOT / "benchmarks" / "offline_worker.py", path, json.dumps(llm), *sizes]
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if forward_only else {}
+    if forward_only and LOCAL:  # one torch thread, as the CPU worker runs it (offline_worker binds one core)
+        env["OMP_NUM_THREADS"] = "1"
     start = time.monotonic()
-    rc, text = _run(build, [*args, *(["--forward-only"] if forward_only else [])], tag, 200, env)
+    rc, text = _run(build, [*args, *(["--forward-only"] if forward_only else [])], tag, 300, env)
     line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
-    row = json.loads(line[7:]) if rc == 0 and line else {"error": _why(rc, text, 1500)}
-    row["seconds"] = round(time.monotonic() - start, 1)
-    if "forward_ms" in row:
-        what = f"forward {row['forward_ms']:.2f} ms"
-    elif "median" in row:
-        what = f"median {row['median']:.0f} tok/s"
+    if rc == 0 and line:
+        got = json.loads(line[7:])
+        row = got.get("batches") or {BENCH_SIZES["batches"]: got}  # one size: offline_worker's flat result
     else:
-        what = row["error"][:300].replace("\n", " | ")
-    log(f"bench {tag} ({row['seconds']} s): {what}")
+        row = {"error": _why(rc, text, 1500)}
+    row["seconds"] = round(time.monotonic() - start, 1)
+    what = "; ".join(
+        f"batch {b}: " + (f"forward {r['forward_ms']:.2f} ms" if forward_only else f"median {r['median']:.0f} tok/s")
+        for b, r in row.items()
+        if isinstance(r, dict)
+    )
+    log(f"bench {tag} ({row['seconds']} s): {what or row.get('error', '')[:300].replace(chr(10), ' | ')}")
     return row
 
 
-def stage_bench(mode: str, kwargs: dict, rounds: int) -> None:
-    runs: dict[str, list] = {"upstream": [], "overlay N=8": []}
-    configs = {"upstream": ("upstream", kwargs), "overlay N=8": ("overlay", {**kwargs, "num_scheduler_steps": 8})}
-    RESULTS[f"bench_{mode}"] = entry = {"kwargs": kwargs, "runs": runs}
+def stage_bench(model: str, mode: str, rounds: int) -> None:
+    """Upstream against the overlay's N values, each build one engine per round, then the forward alone."""
+    steps = [int(n) for n in os.environ.get("CHECK_STEPS", "8,1,16,4").split(",")]
+    configs = {"upstream": ("upstream", {})} | {f"N={n}": ("overlay", {"num_scheduler_steps": n}) for n in steps}
+    runs: dict[str, list] = {name: [] for name in configs}
+    RESULTS.setdefault("bench", {})[f"{model} {mode}"] = entry = {"kwargs": MODES[mode], "runs": runs}
     for r in range(rounds):
         for name in list(configs) if r % 2 == 0 else list(configs)[::-1]:
+            if DEADLINE - time.monotonic() < 60:
+                entry["incomplete"] = "out of time"
+                break
             build, kw = configs[name]
-            runs[name].append(_bench(build, kw, f"bench-{mode}-{r}-{name.replace(' ', '_').replace('=', '')}"))
+            tag = f"bench-{model}-{mode}-{r}-{name.replace('=', '')}"
+            runs[name].append(_bench(build, model, {**MODES[mode], **kw}, tag))
             _save()
-    medians = {
-        n: statistics.median(x["median"] for x in v) for n, v in runs.items() if v and all("median" in x for x in v)
-    }
-    if len(medians) == 2:
-        entry["n8_vs_upstream"] = medians["overlay N=8"] / medians["upstream"]
+    entry["forward_only"] = _bench("upstream", model, MODES[mode], f"bench-{model}-{mode}-forward", forward_only=True)
+    entry["summary"] = _bench_summary(runs, entry["forward_only"])
+    log(f"bench {model} {mode}: {json.dumps(entry['summary'])}")
     _save()
-    entry["forward_only"] = _bench("upstream", kwargs, f"bench-{mode}-forward", forward_only=True)
-    if "overlay N=8" in medians and "forward_limit" in entry["forward_only"]:
-        entry["limit_over_n8"] = entry["forward_only"]["forward_limit"] / medians["overlay N=8"]
-    _save()
+
+
+def _bench_summary(runs: dict[str, list], forward_only: dict) -> dict:
+    """Per batch size: each N's median tok/s over upstream's, and the forward-only limit over N = 8's."""
+    summary = {}
+    for batch in BENCH_SIZES["batches"].split(","):
+        medians = {name: statistics.median(r[batch]["median"] for r in rows)
+                   for name, rows in runs.items() if rows and all(batch in r for r in rows)}  # fmt: skip
+        row: dict = {"tok_s": {name: round(m) for name, m in medians.items()}}
+        if "upstream" in medians:
+            row["vs_upstream"] = {n: round(m / medians["upstream"], 3) for n, m in medians.items() if n != "upstream"}
+        limit = forward_only.get(batch, {}).get("forward_limit")
+        if limit and "N=8" in medians:
+            row["forward_limit"], row["limit_over_n8"] = round(limit), round(limit / medians["N=8"], 3)
+        summary[batch] = row
+    return summary
+
+
+def stage_models() -> None:
+    """Build the Qwen3-0.6B-shaped model here (~1.2 GB: more than a call carries)."""
+    if "qwen3-0.6b" not in _models() or LOCAL:
+        return
+    args = [ROOT / "tests" / "support" / "tiny_model.py", BIG_MODEL, *MODEL_ARGS["qwen3-0.6b"]]
+    rc, text = _run("upstream", args, "build-qwen3-0.6b", 240)
+    RESULTS["models"] = {"qwen3-0.6b": "built" if rc == 0 else _why(rc, text)}
+    log(f"models: {RESULTS['models']}")
 
 
 def _wanted() -> list[str]:
     return os.environ.get("CHECK_STAGES", "facts,parity,bench").split(",")
 
 
+def _models() -> list[str]:
+    return os.environ.get("CHECK_MODELS", "tiny,qwen3-0.6b").split(",")
+
+
 def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    stages = [
-        ("facts", stage_facts),
-        ("smoke", stage_smoke),
-        ("parity", stage_parity),
-        ("bench eager", lambda: stage_bench("eager", {"enforce_eager": True}, ROUNDS)),
-        ("bench graphs", lambda: stage_bench("cudagraphs", GRAPHS, ROUNDS)),
-    ]
-    log(f"device_check: budget {DEADLINE - START:.0f} s, stages {_wanted()}")
+    stages = [("facts", stage_facts), ("smoke", stage_smoke), ("parity", stage_parity), ("bench models", stage_models)]
+    for model in _models():
+        for mode in os.environ.get("CHECK_MODES", "graphs").split(","):
+            stages.append((f"bench {model} {mode}", lambda m=model, md=mode: stage_bench(m, md, ROUNDS)))
+    log(f"device_check: budget {DEADLINE - START:.0f} s, stages {_wanted()}, local {LOCAL}")
     for name, stage in stages:
         if name.split()[0] not in _wanted():
             continue

@@ -1,14 +1,16 @@
 """Prepare what the GPU check carries to the lent machine: .gpu/ in the repo root.
 
 The GPU machine has torch 2.11.0+cu130, Python 3.12 and no package index; a
-call may carry 64 MiB. So the bundle holds (about 56 MB):
+call may carry 64 MiB, the repository included. So the bundle holds (about 42 MB):
   up.tar.xz  the Python files of the pinned upstream CUDA wheel (no compiled
-             kernels: they need torch 2.13.0, and weigh ~320 MB)
+             kernels: they need the torch the wheel was built for, and weigh ~230 MB)
   ov.tar.xz  the files of our overlay CUDA wheel (`apply.py build --target
              cuda`) that differ from it, with the overlay's dist-info
   whl/       CPython 3.12 wheels of vLLM's requirements missing from that
-             machine's image (names in DEVICE_HAS, from the device notes)
+             machine's image (names in DEVICE_HAS, from the device notes),
+             less those the engine never imports (NOT_IMPORTED)
   model/     the tiny Llama the parity tests use
+  eagle/     its EAGLE head (tests/support/tiny_eagle.py), for EAGLE windows
 Usage (repo root): .tool-venv/bin/python benchmarks/gpu/prepare_bundle.py
 then run benchmarks/gpu/device_check.sh there with `.gpu` carried.
 """
@@ -40,6 +42,10 @@ DEVICE_HAS = set(
     safetensors sentencepiece setuptools shellingham six sympy tiktoken tokenizers torch torchaudio
     torchvision tqdm transformers triton typer typing-extensions urllib3 uvloop yarl zipp""".split()
 )
+# Requirements of the wheel that an offline `LLM` run never imports (measured 2026-12-04 on the
+# 0.34.0 CPU base: sys.modules after a generate with sampling, logprobs, bad words and structured
+# output): the serving API's and the Mistral tokenizer's. Not carried: they would not fit.
+NOT_IMPORTED = {"anthropic", "cryptography", "mistral-common", "pycountry"}
 # Compiled-kernel packages of the CUDA wheel that need torch 2.13 (not usable there).
 KERNEL_PACKAGES = re.compile(
     r"^(torch|torchaudio|torchvision|torchcodec|pynvvideocodec|flashinfer|tilelang|nvidia-|nvtx"
@@ -93,7 +99,8 @@ def _missing_wheels(reqs: list[str], dest: Path) -> None:
     pins = [
         f"{r['metadata']['name']}=={r['metadata']['version']}"
         for r in resolved
-        if _norm(r["metadata"]["name"]) not in DEVICE_HAS and not KERNEL_PACKAGES.match(_norm(r["metadata"]["name"]))
+        if _norm(r["metadata"]["name"]) not in DEVICE_HAS | NOT_IMPORTED
+        and not KERNEL_PACKAGES.match(_norm(r["metadata"]["name"]))
     ]
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", dest, *PLATFORM, *pins], check=True
@@ -102,6 +109,8 @@ def _missing_wheels(reqs: list[str], dest: Path) -> None:
 
 def main() -> None:
     lock = tomllib.loads((ROOT / "upstream.lock").read_text())
+    if tuple(int(x) for x in lock["upstream"]["version"].split(".")[:2]) < (0, 34):
+        sys.exit("device_check.py targets Model Runner V2 as vLLM 0.34.0 ships it; the pin is older")
     subprocess.run(
         [sys.executable, ROOT / "apply.py", "build", "-q", "--target", "cuda", "--dist", ROOT / "dist"], check=True
     )
@@ -112,7 +121,10 @@ def main() -> None:
         _tar(BUNDLE / "up.tar.xz", up, _python_members(up))
         _tar(BUNDLE / "ov.tar.xz", ov, _python_members(ov, {n: up.getinfo(n).CRC for n in up.namelist()}))
         _missing_wheels(_requirements(up), BUNDLE / "whl")
-    shutil.copytree(ROOT / "build" / "models" / "tiny-llama", BUNDLE / "model")
+    for name, built in (("model", "tiny-llama"), ("eagle", "tiny-llama-eagle")):
+        if not (ROOT / "build" / "models" / built).is_dir():
+            sys.exit(f"build/models/{built} is missing: the suite's spec-decode tests build it (venvs.draft_models)")
+        shutil.copytree(ROOT / "build" / "models" / built, BUNDLE / name)
     size = sum(p.stat().st_size for p in BUNDLE.rglob("*") if p.is_file())
     print(f"bundle {BUNDLE}: {size / 2**20:.1f} MiB from {overlay_path.name}")
 

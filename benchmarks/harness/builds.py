@@ -21,6 +21,11 @@ MODEL_ARGS = {
     # forward-bound: 16 layers, hidden 1024 (~270 M parameters, float32)
     "big": ["--arch", "llama", "--hidden-size", "1024", "--layers", "16", "--heads", "16", "--kv-heads", "4",
             "--intermediate", "4096", "--init-std", "0.05"],
+    # Qwen3-0.6B's shape (28 layers, hidden 1024, 16/8 heads of 128, vocabulary 151936), bfloat16:
+    # the GPU check's second model (benchmarks/gpu), built on the device (~1.2 GB)
+    "qwen3-0.6b": ["--arch", "qwen3", "--hidden-size", "1024", "--layers", "28", "--heads", "16", "--kv-heads", "8",
+                   "--head-dim", "128", "--intermediate", "3072", "--vocab-size", "151936", "--init-std", "0.05",
+                   "--dtype", "bfloat16"],
 }  # fmt: skip
 
 

@@ -115,12 +115,12 @@ def _make_config(tok: PreTrainedTokenizerFast, p: dict[str, Any]) -> PretrainedC
     if p["arch"] not in classes:
         raise ValueError(f"unsupported arch {p['arch']!r}; expected one of {[*classes]}")
     return classes[p["arch"]](
-        vocab_size=len(tok),
+        vocab_size=p.get("vocab_size") or len(tok),
         hidden_size=p["hidden_size"],
         num_hidden_layers=p["layers"],
         num_attention_heads=p["heads"],
         num_key_value_heads=p["kv_heads"],
-        head_dim=p["hidden_size"] // p["heads"],  # Qwen3 would default to 128
+        head_dim=p.get("head_dim") or p["hidden_size"] // p["heads"],  # Qwen3 would default to 128
         intermediate_size=p["intermediate"],
         max_position_embeddings=p["max_position_embeddings"],
         initializer_range=p["init_std"],
@@ -148,16 +148,23 @@ def build_model(
     init_std: float = 0.5,
     eos_scale: float = 2.0,
     perturb: float = 0.0,
+    head_dim: int = 0,
+    vocab_size: int = 0,
 ) -> Path:
     """Build (or reuse) the tiny checkpoint in out_dir and return its path.
 
     perturb > 0 adds seeded noise (that fraction of init_std) to the weights
     of the model `seed` gives: a draft model that agrees with it only often.
+    head_dim (0: hidden_size / heads) and vocab_size (0: the tokenizer's 512;
+    more pads the embeddings, and the padded ids are never sampled) shape a
+    model like a real one, e.g. the GPU check's Qwen3-0.6B-shaped model,
+    whose sampler then works on a real vocabulary's width.
     """
     # All arguments except out_dir, captured before any other local exists.
     params = {k: v for k, v in locals().items() if k != "out_dir"}
-    if not perturb:
-        del params["perturb"]  # checkpoints built before the option stay valid
+    for option in ("perturb", "head_dim", "vocab_size"):
+        if not params[option]:
+            del params[option]  # checkpoints built before the option stay valid
     params["recipe"] = RECIPE_VERSION
     out = Path(out_dir).resolve()
     if is_built(out, params):
@@ -193,6 +200,7 @@ def build_model(
                 special = i in tok.all_special_ids and i != tok.eos_token_id
                 if special or not (text.isascii() and text.isprintable()):
                     head[i].zero_()
+            head[len(tok) :].zero_()  # padded ids (vocab_size): no text, never the greedy choice
             # A wider EOS logit makes EOS the argmax every dozen tokens or so,
             # so stop-on-EOS paths (and min_tokens suppressing it) are exercised.
             head[tok.eos_token_id] *= eos_scale

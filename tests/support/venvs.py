@@ -1,12 +1,17 @@
 """Virtual environments holding vLLM builds side by side: upstream (the oracle) and overlay.
 
 Each venv is created once under build/venvs/ and reused while the wheel it
-holds is unchanged (a marker file records the wheel's sha256).
+holds is unchanged (a marker file records the wheel's sha256) and its vLLM files
+are as the wheel installed them (a hand edit, such as a check seen failing, makes
+the next use reinstall it).
 """
 
 from __future__ import annotations
 
+import base64
+import csv
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -42,7 +47,7 @@ def vllm_venv(where: Path, wheel: Path) -> Path:
     python = where / "bin" / "python"
     marker = where / MARKER
     digest = sha256_file(wheel)
-    if marker.exists() and marker.read_text() == digest and python.exists():
+    if marker.exists() and marker.read_text() == digest and python.exists() and _vllm_files_intact(where):
         return python
     fresh = False
     if not python.exists():
@@ -64,6 +69,27 @@ def vllm_venv(where: Path, wheel: Path) -> Path:
     marker.unlink(missing_ok=True)  # never written through: a clone's marker is a link to its donor's
     marker.write_text(digest)
     return python
+
+
+def _vllm_files_intact(where: Path) -> bool:
+    """Whether every file of the installed vLLM distribution still has the hash its RECORD gives
+    (about a second for vLLM's ~3,000 files)."""
+    records = list(where.glob("lib/python*/site-packages/vllm*.dist-info/RECORD"))
+    if len(records) != 1:
+        return False
+    site = records[0].parent.parent
+    with records[0].open(newline="") as f:
+        for row in csv.reader(f):
+            if len(row) < 2 or not row[1].startswith("sha256="):
+                continue  # RECORD itself, and files pip wrote without a hash
+            try:
+                data = (site / row[0]).read_bytes()
+            except OSError:
+                return False
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            if digest != row[1][len("sha256=") :]:
+                return False
+    return True
 
 
 def _clone(donor: Path, where: Path) -> None:
@@ -156,13 +182,17 @@ def _cpu_base(base: str | None = None):
     from overlay.fetch import Cache, fetch_artifact
 
     release = release_under_test()
+    if base is not None and Version(release.version) < Version(cpu_bases.TRITON_CPU_FROM):
+        raise SystemExit(
+            f"the {base} base exists from vLLM {cpu_bases.TRITON_CPU_FROM} on; the release under test is "
+            f"{release.version} (choose another with --upstream, or OVERLAY_TEST_UPSTREAM)"
+        )
     lock = release.lock()
     if "cpu" in lock.wheels and base is None:
         return None, fetch_artifact(lock.wheel("cpu"), Cache.locate(None), quiet=True)
     cpu = releases.select(ROOT, target="cpu").lock()
     if Version(release.version) >= Version(cpu_bases.TRITON_CPU_FROM):
         return cpu_bases.cpu_base(lock, cpu, base or STANDALONE)
-    assert base is None, f"vLLM {release.version} runs on the hybrid base"
     wheel = hybrid_wheel(lock, cpu, BUILD / "hybrid")
     return hybrid_lock(lock, wheel, cpu.wheel("cpu").distribution, BUILD / "hybrid" / f"{release.version}.lock"), wheel
 
