@@ -434,7 +434,20 @@ def compare_request(config: Config, request: dict, ours: dict, theirs: dict) -> 
         return "prefix", _prefix_problems(ours, theirs) if exact else []
     if not exact:
         return "structural", _structure_problems(params, ours)
+    if _malformed_prompt_logprobs(request, theirs) and not _malformed_prompt_logprobs(request, ours):
+        # Upstream's own defect (docs/fuzzing.md): every other part of the request is compared.
+        return "exact, upstream's prompt logprobs malformed", _exact_problems(
+            ours, theirs, compare_prompt_logprobs=False
+        )
     return "exact", _exact_problems(ours, theirs)
+
+
+def _malformed_prompt_logprobs(request: dict, result: dict) -> bool:
+    """Prompt logprobs that are not one row per prompt token (vLLM's API: the first is None).
+    Found 2026-12-04 in upstream 0.34.0 (Model Runner V2, EAGLE, async scheduling): a 1-token
+    prompt that joined a running batch got 4 rows, run after run (cause not traced yet)."""
+    rows = result.get("prompt_logprobs")
+    return rows is not None and len(rows) != len(request["prompt"])
 
 
 # `fuzz --unseeded-exact`: compare unseeded random requests exactly too. Model Runner V2 (vLLM
@@ -466,10 +479,12 @@ def _structure_problems(params: dict, ours: dict) -> list[str]:
     return problems
 
 
-def _exact_problems(ours: dict, theirs: dict) -> list[str]:
+def _exact_problems(ours: dict, theirs: dict, compare_prompt_logprobs: bool = True) -> list[str]:
     if len(ours["outputs"]) != len(theirs["outputs"]):
         return [f"{len(ours['outputs'])} completions, upstream {len(theirs['outputs'])}"]
-    problems = _logprob_problems("prompt logprobs", ours["prompt_logprobs"], theirs["prompt_logprobs"])
+    problems = []
+    if compare_prompt_logprobs:
+        problems = _logprob_problems("prompt logprobs", ours["prompt_logprobs"], theirs["prompt_logprobs"])
     for i, (a, b) in enumerate(zip(ours["outputs"], theirs["outputs"], strict=True)):
         if a["token_ids"] != b["token_ids"]:
             problems.append(f"completion {i}: {first_diff(a['token_ids'], b['token_ids'])}")

@@ -64,3 +64,24 @@ def test_with_the_drafter_in_the_oracle_seeded_requests_with_drafts_are_compared
     monkeypatch.setattr(fuzz, "ORACLE_DRAFTS", True)
     kind, problems = fuzz.compare_request(config, request, ours, theirs)
     assert kind == "exact" and problems
+
+
+def test_malformed_prompt_logprobs_of_upstream_are_not_held_against_the_overlay():
+    """Found by the long run of 2026-12-04 (0.34.0, EAGLE windows, seed 9300 batch 23): a 1-token
+    prompt whose upstream prompt logprobs had 4 rows (the overlay's: 1, as the API defines them).
+    The rest of the request is still compared; rows the overlay gets wrong are still a failure."""
+    from support import fuzz
+
+    config = fuzz.CONFIGS["eagle-maxlen96-N4"]
+    request = {"prompt": [243], "params": {"temperature": 0.0, "max_tokens": 2, "prompt_logprobs": 1}}
+
+    def result(prompt_rows: int, token_ids: list[int]) -> dict:
+        out = {"token_ids": token_ids, "text": "", "finish_reason": "length", "stop_reason": None, "logprobs": None}
+        rows = [None] + [[[7, -1.0, 1]]] * (prompt_rows - 1)
+        return {"aborted": False, "finished": True, "prompt_logprobs": rows, "outputs": [out]}
+
+    kind, problems = fuzz.compare_request(config, request, result(1, [24, 478]), result(4, [24, 478]))
+    assert (kind, problems) == ("exact, upstream's prompt logprobs malformed", [])
+    assert fuzz.compare_request(config, request, result(1, [24, 479]), result(4, [24, 478]))[1]
+    assert fuzz.compare_request(config, request, result(4, [24, 478]), result(1, [24, 478]))[1]
+    assert fuzz.compare_request(config, request, result(1, [24, 478]), result(1, [24, 478])) == ("exact", [])
