@@ -53,6 +53,8 @@ START = time.monotonic()
 DEADLINE = START + float(os.environ.get("CHECK_BUDGET_S", "330"))
 # Parity may use this share of the budget; the benchmark gets the rest.
 PARITY_SHARE = float(os.environ.get("CHECK_PARITY_SHARE", "0.4"))
+# One engine run's limit (an engine start and its cases; the interpreter base needs far more).
+RUN_TIMEOUT_S = float(os.environ.get("CHECK_RUN_TIMEOUT_S", "300"))
 # Benchmark rounds per mode (the builds alternate order each round).
 ROUNDS = int(os.environ.get("CHECK_ROUNDS", "1"))
 
@@ -99,7 +101,8 @@ if LOCAL:  # the suite's CPU venvs and models, CPU settings, small sizes
     VENVS = ROOT / "build" / "venvs"
     BASE = os.environ.get("CHECK_LOCAL_BASE", "")  # "-interpreter": the base with drafters
     PYTHONS = {b: VENVS / f"{b}-0.34.0{BASE}" / "bin" / "python" for b in TREES}
-    GPU_LLM, ENV = {}, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    # one torch thread per engine: parallel engines on 2 cores otherwise crawl (OpenMP spin-waits)
+    GPU_LLM, ENV = {}, {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     MODES = {"graphs": {}, "default": {}, "eager": {}}
     MODEL, EAGLE = ROOT / "build" / "models" / "tiny-llama", ROOT / "build" / "models" / "tiny-llama-eagle"
     BIG_MODEL = ROOT / "build" / "models" / "tiny-qwen3"
@@ -237,7 +240,8 @@ def _generate(build: str, engine: str, extra: dict, tag: str, deadline: float) -
     spec, out = WORK / f"{tag}-spec.json", WORK / f"{tag}-out.json"
     spec.write_text(json.dumps(_spec(engine, extra)))
     start = time.monotonic()
-    rc, text = _run(build, [ROOT / "tests" / "support" / "generate.py", spec, out], tag, min(300, deadline - start))
+    args = [ROOT / "tests" / "support" / "generate.py", spec, out]
+    rc, text = _run(build, args, tag, min(RUN_TIMEOUT_S, deadline - start))
     row = {"seconds": round(time.monotonic() - start, 1)}
     if rc != 0 or not out.exists():
         return {**row, "error": _why(rc, text)}
@@ -316,10 +320,8 @@ def _bench(build: str, model: str, kwargs: dict, tag: str, forward_only: bool = 
     sizes = [BENCH_SIZES["batches"], BENCH_SIZES["out_len"], BENCH_SIZES["reps"]]
     args = [ROOT / "benchmarks" / "offline_worker.py", path, json.dumps(llm), *sizes]
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if forward_only else {}
-    if forward_only and LOCAL:  # one torch thread, as the CPU worker runs it (offline_worker binds one core)
-        env["OMP_NUM_THREADS"] = "1"
     start = time.monotonic()
-    rc, text = _run(build, [*args, *(["--forward-only"] if forward_only else [])], tag, 300, env)
+    rc, text = _run(build, [*args, *(["--forward-only"] if forward_only else [])], tag, RUN_TIMEOUT_S, env)
     line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
     if rc == 0 and line:
         got = json.loads(line[7:])
