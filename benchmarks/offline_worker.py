@@ -33,9 +33,10 @@ def main() -> None:
     forward_only = "--forward-only" in sys.argv
     forward_times: dict[int, list[float]] = {b: [] for b in batches}
     if forward_only:
+        import forward_hooks
         import torch
 
-        sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else None
         if not torch.cuda.is_available():
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
@@ -43,24 +44,7 @@ def main() -> None:
             if rows in forward_times:
                 forward_times[rows].append(seconds)
 
-        def timed(original, rows_of):
-            def forward(*args, **kw):
-                if _timing:  # a forward inside a timed one (a graph's runner calling the model)
-                    return original(*args, **kw)
-                _timing.append(True)
-                try:
-                    sync()
-                    start = time.perf_counter()
-                    out = original(*args, **kw)
-                    sync()
-                finally:
-                    _timing.clear()
-                record(rows_of(args, kw), time.perf_counter() - start)
-                return out
-
-            return forward
-
-        _time_forwards(timed)
+        forward_hooks.time_forwards(record, sync)
     if "--worker-forward" in sys.argv and len(batches) > 1:
         sys.exit("--worker-forward times one batch size (its forwards are told apart by their rows only)")
     timer_dir = _time_worker_forward(batches[0]) if "--worker-forward" in sys.argv else None
@@ -118,52 +102,12 @@ def _acceptance_length(llm) -> float | None:
     return 1 + accepted / drafts if drafts else None
 
 
-_timing: list[bool] = []  # set while a timed forward runs
-
-
-def _input_rows(args: tuple, kw: dict) -> int | None:
-    input_ids = kw.get("input_ids")
-    return None if input_ids is None else input_ids.shape[0]
-
-
-def _time_forwards(timed) -> None:
-    """Wrap the forward as each runner this vLLM has calls it (eager, piecewise or full graph)."""
-    try:  # Model Runner V1 (vLLM up to 0.33.0, the runner this script times there)
-        from vllm.v1.worker import gpu_model_runner
-
-        runner = gpu_model_runner.GPUModelRunner
-        runner._model_forward = timed(runner._model_forward, _input_rows)
-        return
-    except ImportError:
-        pass
-    # Model Runner V2 only (0.34.0 on): eager steps call the model, graphed ones the graph manager.
-    from vllm.v1.worker.cpu.standalone_model_runner import StandaloneCPUModelRunner
-    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-
-    manager = ModelCudaGraphManager
-    manager.run_fullgraph = timed(manager.run_fullgraph, lambda args, kw: args[1].num_tokens)
-    manager.run_pw_graph = timed(manager.run_pw_graph, lambda args, kw: _input_rows((), args[2]))
-    for runner in (StandaloneCPUModelRunner, GPUModelRunner):  # the model's class, once loaded
-        runner.load_model = _then_time_model(runner.load_model, timed)
-
-
-def _then_time_model(load_model, timed):
-    def load(self, *args, **kw):
-        out = load_model(self, *args, **kw)
-        cls = type(self.model)
-        if not getattr(cls, "_forward_timed", False):
-            cls.forward, cls._forward_timed = timed(cls.forward, _input_rows), True
-        return out
-
-    return load
-
-
 def _time_worker_forward(batch: int) -> Path:
     """Have the engine processes spawned from here time their forwards."""
     timer_dir = Path(tempfile.mkdtemp(prefix="worker-forward-"))
-    hook = Path(__file__).resolve().parent / "worker_forward_timer"
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    here = Path(__file__).resolve().parent  # the hook, and forward_hooks.py it imports
+    path = [str(here / "worker_forward_timer"), str(here), os.environ.get("PYTHONPATH")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, path))
     os.environ["OVERLAY_BENCH_FORWARD_DIR"] = str(timer_dir)
     os.environ["OVERLAY_BENCH_FORWARD_BATCH"] = str(batch)
     return timer_dir

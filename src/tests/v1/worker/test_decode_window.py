@@ -185,6 +185,33 @@ def test_window_runs_each_request_to_its_stop_or_its_last_step():
     assert runner.execute_model_state is None
 
 
+def test_a_token_that_stops_another_request_does_not_stop_this_one():
+    # The window checks each step against every request's stop ids at once;
+    # a hit is then settled per request, by its own stop ids.
+    runner, windows = make({"a": [7, 8, 50, 9], "b": [7, 8, 50, 50]})
+    windows._stop_ids["b"] = windows._stop_ids["b"] | {50}
+    runner.steps.clear()
+    output = run_step(windows, step({"a": 3, "b": 3}, 3))
+    assert output.sampled_token_ids == [[8, 50, 9], [8, 50]]
+    assert [s.num_scheduled_tokens for s in runner.steps] == [
+        {"a": 1, "b": 1},
+        {"a": 1, "b": 1},
+        {"a": 1},
+    ]
+
+
+def test_max_tokens_ends_a_request_without_async_scheduling():
+    # max_tokens 16, 3 generated before the window: 13 left, the window is 8.
+    runner, windows = make({"a": [7] + list(range(8, 30))}, async_scheduling=False)
+    for num_output_tokens, window in ((3, 8), (11, 8)):
+        runner.steps.clear()
+        scheduled = step({"a": window}, window)
+        scheduled.scheduled_cached_reqs.num_output_tokens = [num_output_tokens]
+        output = run_step(windows, scheduled)
+        assert len(output.sampled_token_ids[0]) == min(window, 16 - num_output_tokens)
+        assert len(runner.steps) == len(output.sampled_token_ids[0])
+
+
 def test_async_step_planned_before_the_stop_was_known_runs_without_it():
     runner, windows = make({"a": [7, 8, 9, 10], "b": [7, EOS]})
     run_step(windows, step({"a": 2, "b": 2}, 2))

@@ -77,6 +77,18 @@ def test_a_window_without_logprobs_has_none():
     assert merged.logprobs is None and merged.sampled_token_ids == [[1, 2]]
 
 
+def test_a_step_a_request_sampled_nothing_in_adds_nothing():
+    # Every step ran the same requests; "b" sampled nothing in step 2.
+    steps = [_step({"a": 1, "b": 2}, None), _step({"a": 3, "b": 4}, None)]
+    steps[1].sampled_token_ids[1] = []
+    steps.append(_step({"a": 5, "b": 6}, None))
+    merged = merge_step_outputs(steps)
+    assert merged.sampled_token_ids == [[1, 3, 5], [2, 6]]
+    # the same requests in another order in one step: merged by request
+    steps[2] = _step({"b": 6, "a": 5}, None)
+    assert merge_step_outputs(steps).sampled_token_ids == [[1, 3, 5], [2, 6]]
+
+
 class _AsyncStep(AsyncModelRunnerOutput):
     """A first step as the async runner returns it."""
 

@@ -54,6 +54,8 @@ spec-decoding metrics.
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from vllm.config.multi_step import device_window_options
@@ -140,6 +142,8 @@ class DecodeWindowRunner:
         # Requests that sampled a stop token in the last window. Under async
         # scheduling the step after it was planned before the scheduler knew.
         self._stopped: set[str] = set()
+        # Every stop token id of the requests step 1 runs.
+        self._window_stop_ids: frozenset[int] = frozenset()
         self._ran_nothing = False
         # Inner steps on the step before's batch, where the runner allows it
         # (made on the first window: the runner is loaded after the worker).
@@ -192,6 +196,9 @@ class DecodeWindowRunner:
             if req_id not in dropped
         }
         self._req_ids = list(counts)
+        self._window_stop_ids = frozenset().union(
+            *(self._stop_ids.get(req_id, ()) for req_id in self._req_ids)
+        )
         # Every request of the step had stopped: the runner runs nothing and has
         # no step to sample, but the engine samples the step it scheduled.
         self._ran_nothing = not counts
@@ -256,16 +263,39 @@ class DecodeWindowRunner:
             for req_id in self._req_ids
         }
         steps = [first]
-        drafts = self._advance(first, drafts, progress, window.multi_step_window, 1)
+        if self.num_spec_tokens:
+            advance = partial(
+                self._advance, progress=progress, window_size=window.multi_step_window
+            )
+        else:
+            # Without drafts every request still in the window ran every step,
+            # one position and one token each: its last step is known up front.
+            last_steps = {
+                req_id: min(
+                    window.multi_step_window,
+                    in_window.num_positions,
+                    in_window.num_positions
+                    if in_window.num_tokens_left is None
+                    else in_window.num_tokens_left,
+                )
+                for req_id, in_window in progress.items()
+            }
+            advance = partial(self._advance_plain, last_steps=last_steps)
+        drafts = advance(first, drafts, num_steps=1)
         reused = self._reused if not self.num_spec_tokens else None
         while drafts:
             if reused is not None and reused.execute(drafts):
                 self._num_reused += 1
             else:
+                if self.num_spec_tokens:
+                    processed = {r: progress[r].num_processed for r in drafts}
+                    generated = {r: progress[r].num_generated for r in drafts}
+                else:  # each ran every step so far, one position and token each
+                    processed = generated = dict.fromkeys(drafts, len(steps))
                 self.model_runner.execute_model(
                     follow_up_step(
-                        {r: start[r] + progress[r].num_processed for r in drafts},
-                        {r: num_outputs[r] + progress[r].num_generated for r in drafts},
+                        {r: start[r] + processed[r] for r in drafts},
+                        {r: num_outputs[r] + generated[r] for r in drafts},
                         drafts,
                         window.num_spec_tokens_to_schedule,
                     )
@@ -278,9 +308,7 @@ class DecodeWindowRunner:
                 if self.num_spec_tokens
                 else self._sample_inner_step()
             )
-            drafts = self._advance(
-                steps[-1], drafts, progress, window.multi_step_window, len(steps)
-            )
+            drafts = advance(steps[-1], drafts, num_steps=len(steps))
         if not self.num_spec_tokens:
             return steps, {}
         return steps, {r: p.spec_counts for r, p in progress.items()}
@@ -377,6 +405,40 @@ class DecodeWindowRunner:
                 if num_next is not None:
                     running[req_id] = num_next
         return running
+
+    def _advance_plain(
+        self,
+        output: ModelRunnerOutput,
+        running: dict[str, int],
+        num_steps: int,
+        last_steps: dict[str, int],
+    ) -> dict[str, int]:
+        """`_advance` for a window without drafts: those of `running` that run
+        another step after step `num_steps`, each request's last step given.
+
+        A step where every request sampled a token, none of them a stop token,
+        and none reached its last step leaves the window as it was: checked
+        over the whole step at once, the common case costs no per-request work.
+        """
+        token_ids = output.sampled_token_ids
+        if (
+            len(token_ids) == len(running)
+            and all(token_ids)
+            and num_steps < min(map(last_steps.__getitem__, running))
+            and self._window_stop_ids.isdisjoint(chain.from_iterable(token_ids))
+        ):
+            return running
+        tokens = dict(zip(output.req_ids, token_ids))
+        still = {}
+        for req_id in running:
+            sampled = tokens.get(req_id)
+            if not sampled:
+                continue  # sampled nothing: the scheduler settles the window
+            if not self._stop_ids.get(req_id, frozenset()).isdisjoint(sampled):
+                self._stopped.add(req_id)
+            elif num_steps < last_steps[req_id]:
+                still[req_id] = 0
+        return still
 
     def _count(self, num_steps: int) -> None:
         """Log the windows' mean length at 1, 2, 4, 8, ... windows."""

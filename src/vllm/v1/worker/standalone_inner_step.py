@@ -18,6 +18,15 @@ mappings (`prepare_attn`), the model state's hooks and attention metadata, and
 the forward in vLLM's forward context. The runner's `sample` and
 `postprocess_sampled` then sample it as any step (vllm/v1/worker/decode_window.py).
 
+From the second inner step on the same batch, the attention inputs are
+refreshed in place instead of rebuilt, where the backend is the CPU one and its
+inputs can be (`StandaloneInnerStep._in_place`): the block tables are the same
+for the whole window (its blocks came with it), the slot mappings are computed
+into the buffers the metadata already views, as are the seq lens, so only the
+attention scheduler's work split, which depends on the seq lens, is computed
+again. Rebuilding them was the largest part of an inner step's host work
+outside the forward and the sampler (docs/benchmarks.md).
+
 Where the requests differ (one left the window), the window runs the runner's
 `execute_model` instead, and keeps that step's batch for the next.
 
@@ -28,18 +37,25 @@ connector and encoder hooks, LoRA, pipeline and data parallelism, the
 KV-sharing fast prefill helper (refused with windows, or in `create`).
 """
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vllm import _cpu_ops as ops
+from vllm import envs
 from vllm.forward_context import BatchDescriptor, set_forward_context
+from vllm.v1.attention.backends.cpu_attn import (
+    CPUAttentionMetadata,
+    CPUAttentionMetadataBuilder,
+)
 from vllm.v1.worker.cpu.attn_utils import build_slot_mappings_by_layer
 from vllm.v1.worker.cpu.input_batch import (
     InputBatch,
     combine_sampled_and_draft_tokens,
     prepare_pos_seq_lens,
 )
+from vllm.v1.worker.cpu.model_states.default import DefaultModelState
 from vllm.v1.worker.cpu.standalone_model_runner import (
     ExecuteModelState,
     StandaloneCPUModelRunner,
@@ -51,12 +67,35 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 
+@dataclass
+class _Attention:
+    """An inner step's attention inputs, as the forward context takes them."""
+
+    block_tables: tuple[torch.Tensor, ...]
+    slot_mappings: torch.Tensor
+    slot_mappings_by_layer: dict[str, torch.Tensor]
+    metadata: dict[str, Any]
+    # Each distinct metadata with the builder that made it, where every one
+    # can be refreshed in place; else None.
+    in_place: "list[tuple[CPUAttentionMetadata, CPUAttentionMetadataBuilder]] | None"
+
+
 class StandaloneInnerStep:
     """Inner steps on the batch of the step before, for one runner."""
 
     def __init__(self, standalone: StandaloneCPUModelRunner) -> None:
         self.standalone = standalone
         self._batch: InputBatch | None = None
+        # The attention inputs of the last inner step on `_batch`.
+        self._attention: _Attention | None = None
+        # Whether this runner's batches can have their attention refreshed in
+        # place at all (fixed by its model and KV cache layout): not where the
+        # block tables of a step depend on its positions (sliding windows).
+        cpu_tables = standalone.block_tables
+        self._in_place_possible = (
+            type(standalone.model_state) is DefaultModelState
+            and not cpu_tables.has_sliding_window_groups
+        )
 
     @classmethod
     def create(
@@ -85,6 +124,7 @@ class StandaloneInnerStep:
         inner step (none where it ran nothing)."""
         executed = self.standalone.execute_model_state
         self._batch = executed.input_batch if executed is not None else None
+        self._attention = None
 
     @torch.inference_mode()
     def execute(self, req_ids: "Collection[str]") -> bool:
@@ -120,34 +160,21 @@ class StandaloneInnerStep:
             cpu_batch.num_reqs,
             standalone.model_state.num_new_sampled_tokens_per_step,
         )
-        cpu_batch = replace(
-            cpu_batch,
-            logits_indices=logits_indices,
-            num_computed_tokens_np=req_states.num_computed_tokens_np[
-                cpu_batch.idx_mapping_np
-            ],
-        )
-        block_tables, slot_mappings = standalone.prepare_attn(cpu_batch)
-        kv_cache_config = standalone.kv_cache_config
-        model_state = standalone.model_state
-        model_state.preprocess_state(
-            cpu_batch, block_tables, kv_cache_config, req_states.num_computed_tokens
-        )
-        attn_metadata = model_state.prepare_attn(
-            cpu_batch,
-            block_tables,
-            slot_mappings,
-            standalone.attn_groups,
-            kv_cache_config,
-        )
+        # The kept batch is this step's: sampling the step before is done.
+        cpu_batch.logits_indices = logits_indices
+        cpu_batch.num_computed_tokens_np = req_states.num_computed_tokens_np[
+            cpu_batch.idx_mapping_np
+        ]
+        attention = self._attention_inputs(cpu_batch)
+        self._attention = attention
         num_tokens = cpu_batch.num_tokens_after_padding
         with set_forward_context(
-            attn_metadata,
+            attention.metadata,
             standalone.vllm_config,
             num_tokens=num_tokens,
             num_tokens_across_dp=None,
             batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
-            slot_mapping=build_slot_mappings_by_layer(slot_mappings, kv_cache_config),
+            slot_mapping=attention.slot_mappings_by_layer,
             is_padding=cpu_batch.is_padding,
         ):
             hidden_states = standalone.model(
@@ -157,7 +184,7 @@ class StandaloneInnerStep:
                     "inputs_embeds": None,
                     "intermediate_tensors": None,
                     # its positions where the model has its own (M-RoPE)
-                    **model_state.prepare_inputs(cpu_batch, req_states),
+                    **standalone.model_state.prepare_inputs(cpu_batch, req_states),
                 }
             )
         standalone.execute_model_state = ExecuteModelState(
@@ -168,3 +195,105 @@ class StandaloneInnerStep:
         )
         self._batch = cpu_batch
         return True
+
+    def _attention_inputs(self, cpu_batch: InputBatch) -> _Attention:
+        """The attention inputs of this step on `cpu_batch`: the last inner
+        step's refreshed in place where they can be, else built as
+        `execute_model` builds them."""
+        standalone = self.standalone
+        kept = self._attention
+        if kept is not None and kept.in_place is not None:
+            # Into the buffer the metadata views (same batch, same shape).
+            cpu_tables = standalone.block_tables
+            cpu_tables.compute_slot_mappings(
+                cpu_batch.idx_mapping,
+                cpu_batch.query_start_loc,
+                cpu_batch.positions,
+                num_tokens_padded=cpu_batch.num_tokens_after_padding,
+            )
+            standalone.model_state.preprocess_state(
+                cpu_batch,
+                kept.block_tables,
+                standalone.kv_cache_config,
+                standalone.req_states.num_computed_tokens,
+            )
+            for metadata, builder in kept.in_place:
+                _refresh_cpu_attention(metadata, builder)
+            return kept
+        block_tables, slot_mappings = standalone.prepare_attn(cpu_batch)
+        kv_cache_config = standalone.kv_cache_config
+        model_state = standalone.model_state
+        model_state.preprocess_state(
+            cpu_batch,
+            block_tables,
+            kv_cache_config,
+            standalone.req_states.num_computed_tokens,
+        )
+        metadata = model_state.prepare_attn(
+            cpu_batch,
+            block_tables,
+            slot_mappings,
+            standalone.attn_groups,
+            kv_cache_config,
+        )
+        return _Attention(
+            block_tables,
+            slot_mappings,
+            build_slot_mappings_by_layer(slot_mappings, kv_cache_config),
+            metadata,
+            self._in_place(metadata, cpu_batch) if self._in_place_possible else None,
+        )
+
+    def _in_place(
+        self, by_layer: dict[str, Any], cpu_batch: InputBatch
+    ) -> "list[tuple[CPUAttentionMetadata, CPUAttentionMetadataBuilder]] | None":
+        """Each distinct metadata of `by_layer` with its builder, where all are
+        the CPU backend's for decoder self-attention over views of the
+        runner's buffers, without the prompt lengths some models' windows
+        read; else None."""
+        if cpu_batch.prompt_lens is not None:
+            return None
+        seq_lens = cpu_batch.seq_lens
+        found: dict[int, tuple[CPUAttentionMetadata, CPUAttentionMetadataBuilder]]
+        found = {}
+        for attn_groups in self.standalone.attn_groups:
+            for attn_group in attn_groups:
+                builder = attn_group.get_metadata_builder()
+                for layer_name in attn_group.layer_names:
+                    metadata = by_layer.get(layer_name)
+                    if (
+                        type(builder) is not CPUAttentionMetadataBuilder
+                        or type(metadata) is not CPUAttentionMetadata
+                        or builder.is_cross_attention
+                        or builder.is_encoder_only_attention
+                        or metadata.dynamic_causal is not None
+                        or metadata.seq_lens.data_ptr() != seq_lens.data_ptr()
+                    ):
+                        return None
+                    found[id(metadata)] = (metadata, builder)
+        return list(found.values()) or None
+
+
+def _refresh_cpu_attention(
+    metadata: CPUAttentionMetadata, builder: CPUAttentionMetadataBuilder
+) -> None:
+    """Bring `metadata` to the seq lens its buffers now hold: what
+    `CPUAttentionMetadataBuilder.build` computes from them (the slot mappings
+    and seq lens it views were rewritten in place)."""
+    seq_lens = metadata.seq_lens
+    metadata.max_seq_len = int(seq_lens.max())
+    metadata.scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=seq_lens.shape[0],
+        num_heads=builder.num_heads,
+        num_kv_heads=builder.num_kv_heads,
+        head_dim=builder.head_dim,
+        seq_lens=seq_lens,
+        dtype=builder.dtype,
+        query_start_loc=metadata.query_start_loc,
+        causal=metadata.causal,
+        sliding_window_size=builder.window_size,
+        isa=builder.isa,
+        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+        dynamic_causal=None,
+        kv_cache_dtype=builder.kv_cache_dtype,
+    )

@@ -11,6 +11,7 @@ with each request's tokens (and logprob rows) of every step, in step order.
 """
 
 from dataclasses import replace
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -77,31 +78,50 @@ def merge_step_outputs(steps: list[ModelRunnerOutput]) -> ModelRunnerOutput:
     nothing in, adds nothing for it.
     """
     first = steps[0]
-    indices = [{req_id: i for i, req_id in enumerate(s.req_ids)} for s in steps]
-    rows: list[list[tuple[ModelRunnerOutput, int]]] = []
-    for req_id in first.req_ids:
-        rows.append(
-            [
-                (step, index[req_id])
-                for step, index in zip(steps, indices, strict=True)
-                if req_id in index and step.sampled_token_ids[index[req_id]]
-            ]
-        )
     num_nans: dict[str, int] = {}
     prompt_logprobs = {}
     for step in steps:
         num_nans.update(step.num_nans_in_logits or {})
         prompt_logprobs.update(step.prompt_logprobs_dict)
-    return replace(
-        first,
-        sampled_token_ids=[
+    logprobs = None
+    if first.logprobs is None and all(s.req_ids == first.req_ids for s in steps):
+        # Every step ran the same requests in the same order (the common case):
+        # each request's tokens are its rows of every step, in step order.
+        sampled_token_ids = [
+            list(chain.from_iterable(request_rows))
+            for request_rows in zip(*(s.sampled_token_ids for s in steps))
+        ]
+    else:
+        rows = _request_rows(steps)
+        sampled_token_ids = [
             [tok for step, i in req_rows for tok in step.sampled_token_ids[i]]
             for req_rows in rows
-        ],
-        logprobs=_merge_logprobs(rows) if first.logprobs is not None else None,
+        ]
+        if first.logprobs is not None:
+            logprobs = _merge_logprobs(rows)
+    return replace(
+        first,
+        sampled_token_ids=sampled_token_ids,
+        logprobs=logprobs,
         prompt_logprobs_dict=prompt_logprobs,
         num_nans_in_logits=num_nans or first.num_nans_in_logits,
     )
+
+
+def _request_rows(
+    steps: list[ModelRunnerOutput],
+) -> list[list[tuple[ModelRunnerOutput, int]]]:
+    """For each request of step 1, each step's output and its row there,
+    where it sampled something in that step."""
+    indices = [{req_id: i for i, req_id in enumerate(s.req_ids)} for s in steps]
+    return [
+        [
+            (step, index[req_id])
+            for step, index in zip(steps, indices, strict=True)
+            if req_id in index and step.sampled_token_ids[index[req_id]]
+        ]
+        for req_id in steps[0].req_ids
+    ]
 
 
 def _merge_logprobs(
