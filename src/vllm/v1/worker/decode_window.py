@@ -119,6 +119,14 @@ class _RequestInWindow:
             return None
         return min(num_spec_tokens, room)
 
+    def last_step(self, window_size: int) -> int:
+        """Its last step in a window without drafts, where each step generates
+        one token at the next position: `num_next_drafts(0)` turns None after
+        it."""
+        if self.num_tokens_left is None:
+            return min(window_size, self.num_positions)
+        return min(window_size, self.num_positions, self.num_tokens_left)
+
 
 class DecodeWindowRunner:
     """The worker's side of multi-step decode on Model Runner V2."""
@@ -142,8 +150,6 @@ class DecodeWindowRunner:
         # Requests that sampled a stop token in the last window. Under async
         # scheduling the step after it was planned before the scheduler knew.
         self._stopped: set[str] = set()
-        # Every stop token id of the requests step 1 runs.
-        self._window_stop_ids: frozenset[int] = frozenset()
         self._ran_nothing = False
         # Inner steps on the step before's batch, where the runner allows it
         # (made on the first window: the runner is loaded after the worker).
@@ -196,9 +202,6 @@ class DecodeWindowRunner:
             if req_id not in dropped
         }
         self._req_ids = list(counts)
-        self._window_stop_ids = frozenset().union(
-            *(self._stop_ids.get(req_id, ()) for req_id in self._req_ids)
-        )
         # Every request of the step had stopped: the runner runs nothing and has
         # no step to sample, but the engine samples the step it scheduled.
         self._ran_nothing = not counts
@@ -270,17 +273,16 @@ class DecodeWindowRunner:
         else:
             # Without drafts every request still in the window ran every step,
             # one position and one token each: its last step is known up front.
-            last_steps = {
-                req_id: min(
-                    window.multi_step_window,
-                    in_window.num_positions,
-                    in_window.num_positions
-                    if in_window.num_tokens_left is None
-                    else in_window.num_tokens_left,
-                )
-                for req_id, in_window in progress.items()
-            }
-            advance = partial(self._advance_plain, last_steps=last_steps)
+            advance = partial(
+                self._advance_plain,
+                last_steps={
+                    req_id: in_window.last_step(window.multi_step_window)
+                    for req_id, in_window in progress.items()
+                },
+                window_stop_ids=frozenset().union(
+                    *(self._stop_ids.get(req_id, ()) for req_id in progress)
+                ),
+            )
         drafts = advance(first, drafts, num_steps=1)
         reused = self._reused if not self.num_spec_tokens else None
         while drafts:
@@ -398,9 +400,7 @@ class DecodeWindowRunner:
                 continue  # sampled nothing: the scheduler settles the window
             in_window = progress[req_id]
             in_window.record(num_drafts, len(sampled))
-            if not self._stop_ids.get(req_id, frozenset()).isdisjoint(sampled):
-                self._stopped.add(req_id)
-            elif num_steps < window_size:
+            if not self._sampled_stop(req_id, sampled) and num_steps < window_size:
                 num_next = in_window.num_next_drafts(self.num_spec_tokens)
                 if num_next is not None:
                     running[req_id] = num_next
@@ -412,6 +412,7 @@ class DecodeWindowRunner:
         running: dict[str, int],
         num_steps: int,
         last_steps: dict[str, int],
+        window_stop_ids: frozenset[int],
     ) -> dict[str, int]:
         """`_advance` for a window without drafts: those of `running` that run
         another step after step `num_steps`, each request's last step given.
@@ -425,7 +426,7 @@ class DecodeWindowRunner:
             len(token_ids) == len(running)
             and all(token_ids)
             and num_steps < min(map(last_steps.__getitem__, running))
-            and self._window_stop_ids.isdisjoint(chain.from_iterable(token_ids))
+            and window_stop_ids.isdisjoint(chain.from_iterable(token_ids))
         ):
             return running
         tokens = dict(zip(output.req_ids, token_ids))
@@ -434,11 +435,19 @@ class DecodeWindowRunner:
             sampled = tokens.get(req_id)
             if not sampled:
                 continue  # sampled nothing: the scheduler settles the window
-            if not self._stop_ids.get(req_id, frozenset()).isdisjoint(sampled):
-                self._stopped.add(req_id)
-            elif num_steps < last_steps[req_id]:
+            if not self._sampled_stop(req_id, sampled) and (
+                num_steps < last_steps[req_id]
+            ):
                 still[req_id] = 0
         return still
+
+    def _sampled_stop(self, req_id: str, sampled: list[int]) -> bool:
+        """Whether `sampled` holds one of the request's stop tokens (it then
+        leaves the window, and is remembered as stopped)."""
+        if self._stop_ids.get(req_id, frozenset()).isdisjoint(sampled):
+            return False
+        self._stopped.add(req_id)
+        return True
 
     def _count(self, num_steps: int) -> None:
         """Log the windows' mean length at 1, 2, 4, 8, ... windows."""

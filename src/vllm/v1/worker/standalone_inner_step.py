@@ -72,7 +72,6 @@ class _Attention:
     """An inner step's attention inputs, as the forward context takes them."""
 
     block_tables: tuple[torch.Tensor, ...]
-    slot_mappings: torch.Tensor
     slot_mappings_by_layer: dict[str, torch.Tensor]
     metadata: dict[str, Any]
     # Each distinct metadata with the builder that made it, where every one
@@ -202,7 +201,8 @@ class StandaloneInnerStep:
         `execute_model` builds them."""
         standalone = self.standalone
         kept = self._attention
-        if kept is not None and kept.in_place is not None:
+        refresh = kept is not None and kept.in_place is not None
+        if refresh:
             # Into the buffer the metadata views (same batch, same shape).
             cpu_tables = standalone.block_tables
             cpu_tables.compute_slot_mappings(
@@ -211,16 +211,9 @@ class StandaloneInnerStep:
                 cpu_batch.positions,
                 num_tokens_padded=cpu_batch.num_tokens_after_padding,
             )
-            standalone.model_state.preprocess_state(
-                cpu_batch,
-                kept.block_tables,
-                standalone.kv_cache_config,
-                standalone.req_states.num_computed_tokens,
-            )
-            for metadata, builder in kept.in_place:
-                _refresh_cpu_attention(metadata, builder)
-            return kept
-        block_tables, slot_mappings = standalone.prepare_attn(cpu_batch)
+            block_tables = kept.block_tables
+        else:
+            block_tables, slot_mappings = standalone.prepare_attn(cpu_batch)
         kv_cache_config = standalone.kv_cache_config
         model_state = standalone.model_state
         model_state.preprocess_state(
@@ -229,6 +222,10 @@ class StandaloneInnerStep:
             kv_cache_config,
             standalone.req_states.num_computed_tokens,
         )
+        if refresh:
+            for metadata, builder in kept.in_place:
+                _refresh_cpu_attention(metadata, builder)
+            return kept
         metadata = model_state.prepare_attn(
             cpu_batch,
             block_tables,
@@ -238,7 +235,6 @@ class StandaloneInnerStep:
         )
         return _Attention(
             block_tables,
-            slot_mappings,
             build_slot_mappings_by_layer(slot_mappings, kv_cache_config),
             metadata,
             self._in_place(metadata, cpu_batch) if self._in_place_possible else None,
