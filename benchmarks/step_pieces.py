@@ -32,7 +32,7 @@ TIMING = [False]
 # (module or object path, function names): resolved once the engine is up.
 PIECES = {
     "runner": ["execute_model", "sample_tokens", "sample", "postprocess_sampled", "prepare_attn", "prepare_inputs",
-               "gather_batch_req_state", "add_requests", "update_requests", "finish_requests"],
+               "gather_batch_req_state", "add_requests", "update_requests", "finish_requests", "free_states"],
     "runner.model_state": ["prepare_attn", "preprocess_state"],
     "runner.model": ["compute_logits"],
     "type(runner.model)": ["forward"],
@@ -40,7 +40,7 @@ PIECES = {
     "sampler_module": ["get_num_sampled_and_rejected", "gumbel_sample"],
     "window": ["sample_tokens", "first_step", "_run_window", "_sample_inner_step", "_advance", "_advance_plain"],
     "window_module": ["merge_step_outputs"],
-    "inner": ["execute", "_attention_inputs"],
+    "inner": ["execute", "execute_first", "_forward", "_attention_inputs"],
     "inner_module": ["prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "_refresh_cpu_attention"],
     "scheduler": ["schedule", "update_from_output"],
 }  # fmt: skip

@@ -86,11 +86,15 @@ SPEC_CASES = [
     {"prompts": PROMPTS, "params": CASES["max3"]},  # fewer tokens than a window
     {"prompts": PROMPTS, "params": {**CASES["logprobs"], "prompt_logprobs": None}},  # rows per accepted token
 ]
+# Outputs past the first KV block (128 tokens on CPU): a window's step 1 brings new blocks
+# for a batch that is otherwise the window before's (vllm/v1/worker/standalone_inner_step.py
+# gathers the block tables again then).
+PAST_A_BLOCK_CASE = {"prompts": PROMPTS, "params": {**CASES["greedy"], "max_tokens": 136}}
 # name: (model, extra LLM kwargs, cases). One engine start runs every case of an
 # engine: the Llama's sampling matrix, shared prefixes, structured output and the
 # spec-decode cases (case_index finds one).
 ENGINES = {
-    "llama": ("llama", {}, SAMPLING + PREFIX_CASES + [STRUCTURED_CASE] + SPEC_CASES),
+    "llama": ("llama", {}, SAMPLING + PREFIX_CASES + [STRUCTURED_CASE] + SPEC_CASES + [PAST_A_BLOCK_CASE]),
     "chunked": (
         "llama",
         CHUNKED,

@@ -158,6 +158,7 @@ class DecodeWindowRunner:
         self._num_windows = 0
         self._num_steps = 0
         self._num_reused = 0
+        self._num_first_reused = 0
 
     @classmethod
     def create(
@@ -171,8 +172,10 @@ class DecodeWindowRunner:
     def model_runner(self) -> "GPUModelRunner":
         return self.worker.model_runner
 
-    def first_step(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
-        """What the runner executes first: a window's step 1, or the step as is."""
+    def first_step(self, scheduler_output: SchedulerOutput) -> SchedulerOutput | None:
+        """What the runner executes first: a window's step 1, or the step as is;
+        None where the window executed its step 1 itself, on the batch the
+        runner's last step left (StandaloneInnerStep.execute_first)."""
         for new_req in scheduler_output.scheduled_new_reqs:
             params = new_req.sampling_params
             self._stop_ids[new_req.req_id] = stop_token_ids(params)
@@ -205,7 +208,7 @@ class DecodeWindowRunner:
         # Every request of the step had stopped: the runner runs nothing and has
         # no step to sample, but the engine samples the step it scheduled.
         self._ran_nothing = not counts
-        return replace(
+        step = replace(
             scheduler_output,
             scheduled_cached_reqs=_only(scheduler_output.scheduled_cached_reqs, counts),
             num_scheduled_tokens=counts,
@@ -216,6 +219,11 @@ class DecodeWindowRunner:
             skip_drafts=False if window else scheduler_output.skip_drafts,
             multi_step_window=0,
         )
+        reused = self._reused_steps() if window else None
+        if reused is not None and reused.execute_first(step):
+            self._num_first_reused += 1
+            return None
+        return step
 
     def sample_tokens(
         self, grammar_output: "GrammarOutput | None"
@@ -223,9 +231,9 @@ class DecodeWindowRunner:
         window, self._window = self._window, None
         if self._ran_nothing:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        reused = self._reused_steps() if window is not None else None
+        reused = self._reused_steps()
         if reused is not None:
-            reused.keep_executed()  # step 1's batch, before sampling consumes it
+            reused.keep_executed()  # this step's batch, before sampling consumes it
         first = self.model_runner.sample_tokens(grammar_output)
         if window is None or first is None:
             return first
@@ -457,12 +465,13 @@ class DecodeWindowRunner:
             num_inner = self._num_steps - self._num_windows
             logger.info(
                 "Multi-step decode on Model Runner V2 (%s): %d windows, %.2f "
-                "steps per window, %d%% of inner steps on the batch of the step "
-                "before.",
+                "steps per window, %d%% of inner steps and %d%% of first steps "
+                "on the batch of the step before.",
                 type(self.model_runner).__name__,
                 self._num_windows,
                 self._num_steps / self._num_windows,
                 100 * self._num_reused // max(num_inner, 1),
+                100 * self._num_first_reused // self._num_windows,
             )
 
 

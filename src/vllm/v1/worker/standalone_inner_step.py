@@ -30,9 +30,22 @@ outside the forward and the sampler (docs/benchmarks.md).
 Where the requests differ (one left the window), the window runs the runner's
 `execute_model` instead, and keeps that step's batch for the next.
 
-What `execute_model` does and this step does not, and why that holds here:
-request updates (a decode step of running requests changes no request's
-blocks or prompt; its computed count is the one `post_update` wrote), KV
+A window's step 1 is a scheduler step: in steady state, where the next window
+runs the same decoding requests in the same order, the runner's
+`execute_model` would rebuild the very batch the last window ended on
+(about a tenth of a window's host work, docs/benchmarks.md). `execute_first`
+applies the scheduler's output to the runner's request states with the
+runner's own methods (finished requests, new blocks, computed counts,
+blocks to zero or copy), then runs the step on the kept batch, its attention
+inputs refreshed in place where no request got new blocks, else rebuilt
+(block tables gathered again). It declines any step that is not such a
+decode step (new requests, prompt tokens, structured output, encoder
+inputs, another order).
+
+What `execute_model` does and these steps do not, and why that holds here:
+request updates in an inner step (a decode step inside a window changes no
+request's blocks or prompt; its computed count is the one `post_update`
+wrote), KV
 connector and encoder hooks, LoRA, pipeline and data parallelism, the
 KV-sharing fast prefill helper (refused with windows, or in `create`).
 """
@@ -59,12 +72,14 @@ from vllm.v1.worker.cpu.model_states.default import DefaultModelState
 from vllm.v1.worker.cpu.standalone_model_runner import (
     ExecuteModelState,
     StandaloneCPUModelRunner,
+    sort_batch_req_ids,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Collection
 
     from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
 
 
 @dataclass
@@ -119,17 +134,21 @@ class StandaloneInnerStep:
         return cls(standalone)
 
     def keep_executed(self) -> None:
-        """Keep the batch the runner's `execute_model` just ran, for the next
-        inner step (none where it ran nothing)."""
+        """Keep the batch of the step just executed, before it is sampled, for
+        the next step (none where it ran nothing). Every executed step is kept:
+        the batch views the runner's input buffers, which the runner's next
+        `execute_model` overwrites."""
         executed = self.standalone.execute_model_state
-        self._batch = executed.input_batch if executed is not None else None
-        self._attention = None
+        cpu_batch = executed.input_batch if executed is not None else None
+        if cpu_batch is not self._batch:  # the runner built it: no inputs of ours
+            self._attention = None
+        self._batch = cpu_batch
 
     @torch.inference_mode()
     def execute(self, req_ids: "Collection[str]") -> bool:
-        """Execute the next step of `req_ids` on the kept batch, as the runner's
-        `execute_model` leaves it for sampling; False where the batch holds
-        other requests (nothing is done then)."""
+        """Execute the next inner step of `req_ids` on the kept batch, as the
+        runner's `execute_model` leaves it for sampling; False where the batch
+        holds other requests (nothing is done then)."""
         cpu_batch = self._batch
         if (
             cpu_batch is None
@@ -137,6 +156,44 @@ class StandaloneInnerStep:
             or not set(cpu_batch.req_ids).issuperset(req_ids)
         ):
             return False
+        self._forward(cpu_batch, finished_req_ids=set())
+        return True
+
+    @torch.inference_mode()
+    def execute_first(self, scheduler_output: "SchedulerOutput") -> bool:
+        """Execute a window's step 1 (`scheduler_output`, one token per
+        request) on the kept batch, as the runner's `execute_model` would;
+        False where that batch is not the one it would build (nothing is done
+        then)."""
+        cpu_batch = self._batch
+        standalone = self.standalone
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        if (
+            cpu_batch is None
+            or cpu_batch.has_prefill
+            or cpu_batch.num_tokens != cpu_batch.num_reqs
+            or scheduler_output.total_num_scheduled_tokens != len(num_scheduled)
+            or scheduler_output.scheduled_new_reqs
+            or scheduler_output.has_structured_output_requests
+            or scheduler_output.scheduled_encoder_inputs
+            or scheduler_output.encoder_input_updates
+            or cpu_batch.req_ids
+            != sort_batch_req_ids(num_scheduled, standalone.decode_query_len)
+        ):
+            return False
+        # The request updates of the runner's execute_model, in its order.
+        standalone.finish_requests(scheduler_output)
+        standalone.free_states(scheduler_output)
+        standalone.add_requests(scheduler_output)
+        standalone.update_requests(scheduler_output)
+        if any(scheduler_output.scheduled_cached_reqs.new_block_ids):
+            self._attention = None  # block tables to gather again
+        self._forward(cpu_batch, scheduler_output.finished_req_ids)
+        return True
+
+    def _forward(self, cpu_batch: InputBatch, finished_req_ids: set[str]) -> None:
+        """Refresh what a decode step moves in `cpu_batch`, run the forward
+        and leave the step for sampling."""
         standalone = self.standalone
         req_states = standalone.req_states
         buffers = standalone.input_buffers
@@ -189,11 +246,9 @@ class StandaloneInnerStep:
         standalone.execute_model_state = ExecuteModelState(
             input_batch=cpu_batch,
             hidden_states=hidden_states,
-            finished_req_ids=set(),
+            finished_req_ids=finished_req_ids,
             ec_connector_output=None,
         )
-        self._batch = cpu_batch
-        return True
 
     def _attention_inputs(self, cpu_batch: InputBatch) -> _Attention:
         """The attention inputs of this step on `cpu_batch`: the last inner
