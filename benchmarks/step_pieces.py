@@ -1,7 +1,10 @@
 """Host time of each piece of a decode step, in-process: where a window's step goes, in microseconds.
 
-Usage (the build's venv python): python benchmarks/step_pieces.py MODEL N BATCH OUT_LEN
+Usage (the build's venv python): python benchmarks/step_pieces.py MODEL N BATCH OUT_LEN [--no-first-step-reuse]
 e.g. build/venvs/overlay-0.34.0/bin/python benchmarks/step_pieces.py build/models/bench-tiny 8 32 128
+A/B of a window's step 1 on the kept batch (StandaloneInnerStep.execute_first) against the runner's
+own step 1, ROUNDS alternating runs of each, each in its own process:
+  ... step_pieces.py MODEL N BATCH OUT_LEN --ab ROUNDS --json FILE
 
 The engine core and the worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), on one
 core with one torch thread, as the served worker runs its forward. Each listed function of the
@@ -64,7 +67,56 @@ def wrap(owner, name: str, label: str) -> None:
     setattr(owner, name, timed)
 
 
+def worker_host_share(result: dict) -> float:
+    """The worker's host time per step outside the forward, as a share of the forward."""
+    pieces = result["pieces"]
+    forward = pieces["type(runner.model).forward"]["us_per_step"]
+    worker = ("window.sample_tokens", "window.first_step", "runner.execute_model")
+    return (sum(pieces.get(name, {}).get("us_per_step", 0.0) for name in worker) - forward) / forward
+
+
+def ab(args: list[str], rounds: int, out: str) -> None:
+    """Alternate runs without and with a window's step 1 on the kept batch; write their shares."""
+    import statistics
+    import subprocess
+
+    runs: dict[str, list[dict]] = {"runner's step 1": [], "step 1 on the kept batch": []}
+    for _ in range(rounds):
+        for label, extra in zip(runs, (["--no-first-step-reuse"], []), strict=True):
+            proc = subprocess.run([sys.executable, __file__, *args, *extra], capture_output=True, text=True, check=True)
+            result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+            forward = result["pieces"]["type(runner.model).forward"]["us_per_step"]
+            runs[label].append({"us_per_step": result["us_per_step"], "forward_us": forward,
+                                "worker_host_over_forward": worker_host_share(result)})  # fmt: skip
+            print(label, runs[label][-1], flush=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pathlib import Path
+
+    from harness import results
+
+    summary = {
+        "median_worker_host_over_forward": {
+            label: statistics.median(r["worker_host_over_forward"] for r in rs) for label, rs in runs.items()
+        },
+        "median_us_per_step": {label: statistics.median(r["us_per_step"] for r in rs) for label, rs in runs.items()},
+    }
+    rows = [{"config": label, "round": i + 1, **run} for label, rs in runs.items() for i, run in enumerate(rs)]
+    model, steps, batch, out_len = args[0], int(args[1]), int(args[2]), int(args[3])
+    arguments = {"model": model, "steps": steps, "batch": batch, "out_len": out_len, "rounds": rounds}
+    notes = ("In-process (benchmarks/step_pieces.py), one core, one torch thread; the worker's host time per step "
+             "outside the forward (window.sample_tokens + window.first_step + runner.execute_model - forward) "
+             "as a share of the forward of the same run.")  # fmt: skip
+    data = results.make("session", arguments=arguments, runs=rows, summary=summary, python=Path(sys.executable),
+                        notes=notes)  # fmt: skip
+    results.write(data, Path(out))
+    print(summary)
+
+
 def main() -> None:
+    if "--ab" in sys.argv:
+        at = sys.argv.index("--ab")
+        ab(sys.argv[1:at], int(sys.argv[at + 1]), sys.argv[sys.argv.index("--json") + 1])
+        return
     model, steps, batch, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import vllm.v1.worker.cpu.sampler as sampler_module
@@ -75,6 +127,8 @@ def main() -> None:
         import vllm.v1.worker.standalone_inner_step as inner_module
     except ImportError:
         inner_module = None
+    if "--no-first-step-reuse" in sys.argv:  # every window's step 1 through the runner's execute_model
+        inner_module.StandaloneInnerStep.execute_first = lambda self, scheduler_output: False
     llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0,
               **({"num_scheduler_steps": steps} if steps > 1 else {}))  # fmt: skip
     core = llm.llm_engine.engine_core.engine_core
@@ -114,7 +168,9 @@ def main() -> None:
         per_call, per_step = TOTAL[label] / CALLS[label] * 1e6, TOTAL[label] / num_steps * 1e6
         print(f"{label:50s} calls {CALLS[label]:6d}  per call {per_call:8.1f} us  per step {per_step:8.1f} us")
     result = {label: {"calls": CALLS[label], "us_per_step": TOTAL[label] / num_steps * 1e6} for label in rows}
-    print("RESULT " + json.dumps({"us_per_step": elapsed / num_steps * 1e6, "pieces": result}))
+    summary = {"us_per_step": elapsed / num_steps * 1e6, "pieces": result}
+    print(f"worker host outside the forward: {worker_host_share(summary):.3f} of the forward")
+    print("RESULT " + json.dumps(summary))
 
 
 if __name__ == "__main__":
