@@ -152,8 +152,10 @@ class DecodeWindowRunner:
         self._stopped: set[str] = set()
         self._ran_nothing = False
         # Inner steps on the step before's batch, where the runner allows it
-        # (made on the first window: the runner is loaded after the worker).
+        # (made on the first window: the runner is loaded after the worker),
+        # and whether the window's step 1 ran on it.
         self._reused: StandaloneInnerStep | None = None
+        self._first_on_kept = False
         self._reused_made = False
         self._num_windows = 0
         self._num_steps = 0
@@ -220,7 +222,8 @@ class DecodeWindowRunner:
             multi_step_window=0,
         )
         reused = self._reused_steps() if window else None
-        if reused is not None and reused.execute_first(step):
+        self._first_on_kept = reused is not None and reused.execute_first(step)
+        if self._first_on_kept:
             self._num_first_reused += 1
             return None
         return step
@@ -231,10 +234,17 @@ class DecodeWindowRunner:
         window, self._window = self._window, None
         if self._ran_nothing:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        first_on_kept, self._first_on_kept = self._first_on_kept, False
         reused = self._reused_steps()
         if reused is not None:
             reused.keep_executed()  # this step's batch, before sampling consumes it
-        first = self.model_runner.sample_tokens(grammar_output)
+        # A step 1 on the kept batch is a decode step of requests already
+        # running, as an inner step is: sampled as one.
+        first = (
+            self._sample_inner_step()
+            if first_on_kept
+            else self.model_runner.sample_tokens(grammar_output)
+        )
         if window is None or first is None:
             return first
         steps, spec_counts = self._run_window(window, resolve_output(first))
@@ -348,9 +358,10 @@ class DecodeWindowRunner:
         return max_tokens - num_output_tokens
 
     def _sample_inner_step(self) -> ModelRunnerOutput:
-        """Sample the inner step the runner just executed, with upstream's own
-        sampler and state update (`sample`, `postprocess_sampled`: post_update
-        advances computed counts, token history, last token, penalty counts).
+        """Sample the inner step the runner just executed (or a step 1 run on
+        the kept batch), with upstream's own sampler and state update
+        (`sample`, `postprocess_sampled`: post_update advances computed counts,
+        token history, last token, penalty counts).
 
         The rest of the runner's `sample_tokens` is left out: an inner step is
         a decode step of requests already running, so it has no prompt
