@@ -3,8 +3,9 @@
 
 Run from the repository root with the tool venv's python (`python3 apply.py ...` creates it):
 the engine benchmarks build the overlay wheel as `apply.py build` does and run both builds
-from the test suite's venvs (build/venvs/upstream, build/venvs/overlay), one engine at a time,
-alternating the order every round. Each writes one result file in the schema of
+from the test suite's venvs (build/venvs/upstream, build/venvs/overlay), one engine measured at a
+time, alternating the order every round (`offline --interleave`: every engine up at once, each
+round one generate() of each in turn). Each writes one result file in the schema of
 benchmarks/harness/results.py: --json PATH, or benchmarks/results/<kind>_<date>.json.
 
   offline       multi-step decode offline (vllm.LLM): upstream against overlay N = 1, 2, 4, 8,

@@ -1,6 +1,6 @@
 """Runs inside one build's venv: decode throughput of `vllm.LLM`, or the forward-only time.
 
-Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only | --worker-forward]
+Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only | --worker-forward] [--serve]
 Prints one line "RESULT {json}". Throughput: BATCH prompts of 32 token ids,
 OUT_LEN tokens each (ignore_eos, greedy), best and median output tokens/s of
 REPS runs after a warm-up. --forward-only runs the engine in-process and times
@@ -15,6 +15,14 @@ forward inside the served worker process instead (benchmarks/worker_forward_time
 CPU: no device synchronization) and adds its median to the result beside the
 throughput of the same runs. BATCH may list several sizes ("32,128"): one engine
 start measures each in turn, and RESULT maps each size to its own result.
+
+--serve keeps the engine up for a caller that interleaves several engines
+(benchmarks/harness/worker.py `Served`): after the warm-up (a full-length
+generate() too, untimed) it prints "READY", then answers each line "run" on
+stdin with one timed generate() of BATCH prompts, printed as one line
+"RATE {json}" (the fields of RESULT, from that one call), until stdin closes.
+Each result also gives the decode phase's tokens/s ("decode_median": see
+`_timed_generate`).
 """
 
 import json
@@ -53,6 +61,9 @@ def main() -> None:
     spec = "speculative_config" in kwargs  # then also report the acceptance (engine stats on)
     llm = LLM(**{"model": model, "dtype": "float32", "max_model_len": 1024, "seed": 0, **kwargs}
               | ({"disable_log_stats": False} if spec else {}))  # fmt: skip
+    if "--serve" in sys.argv:
+        _serve(llm, batches[0], out_len, forward_times[batches[0]] if forward_only else None)
+        return
     results = {}
     for batch in batches:
         results[batch] = _measure(llm, batch, out_len, reps, forward_times[batch] if forward_only else None)
@@ -70,28 +81,74 @@ def main() -> None:
 
 def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float] | None) -> dict:
     """Output tokens/s of REPS runs of BATCH prompts after a warm-up; with forward_times, the forward's limit."""
+    timed = _timed_generate(llm, batch, out_len)
+    rates, decode_rates = [], []
+    for _ in range(reps):
+        if forward_times is not None:
+            forward_times.clear()
+        rate, decode_rate = timed()
+        rates.append(rate)
+        decode_rates.append(decode_rate)
+    return {"best": max(rates), "median": statistics.median(rates),
+            "decode_median": statistics.median(decode_rates)} | _forward_limit(batch, forward_times)  # fmt: skip
+
+
+def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None) -> None:
+    """One timed generate() per "run" line on stdin, after a full-length warm-up (see the docstring)."""
+    timed = _timed_generate(llm, batch, out_len)
+    timed()  # untimed: the first full-length call is slower than the rest
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            sys.exit(f"offline_worker.py --serve: unknown command {line.strip()!r} (expected 'run')")
+        if forward_times is not None:
+            forward_times.clear()
+        rate, decode_rate = timed()
+        result = {"best": rate, "median": rate, "decode_median": decode_rate} | _forward_limit(batch, forward_times)
+        print("RATE " + json.dumps(result), flush=True)
+
+
+def _timed_generate(llm, batch: int, out_len: int):
+    """After a short warm-up, a function that times one generate() of BATCH prompts of OUT_LEN
+    tokens each (greedy, ignore_eos): its output tokens/s, and the decode phase's alone.
+
+    The decode phase is what follows the batch's prefill: the same prompts are first run for
+    one token each (timed too), and the tokens after each request's first are divided by the
+    time the full call took beyond that. Multi-step decode and async scheduling act on that
+    phase; the prefill (the same work in every build) weighs more in a faster build's total.
+    """
     from vllm import SamplingParams
 
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    first_only = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
-    rates = []
-    for _ in range(reps):
-        if forward_times is not None:
-            forward_times.clear()
+
+    def timed() -> tuple[float, float]:
+        start = time.perf_counter()
+        llm.generate(prompts, first_only, use_tqdm=False)
+        prefill = time.perf_counter() - start
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
-    result = {"best": max(rates), "median": statistics.median(rates)}
-    if forward_times is not None:
-        import torch
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        return tokens / elapsed, (tokens - len(outs)) / (elapsed - prefill)
 
-        result["forward_ms"] = statistics.median(forward_times) * 1000
-        result["forward_limit"] = batch / statistics.median(forward_times)
-        result["forward_threads"] = torch.get_num_threads()
-        result["forward_cores"] = sorted(os.sched_getaffinity(0))
-    return result
+    return timed
+
+
+def _forward_limit(batch: int, forward_times: list[float] | None) -> dict:
+    """The forward-only fields of a result (none without forward_times)."""
+    if forward_times is None:
+        return {}
+    import torch
+
+    return {
+        "forward_ms": statistics.median(forward_times) * 1000,
+        "forward_limit": batch / statistics.median(forward_times),
+        "forward_threads": torch.get_num_threads(),
+        "forward_cores": sorted(os.sched_getaffinity(0)),
+    }
 
 
 def _acceptance_length(llm) -> float | None:

@@ -1,16 +1,30 @@
 """Multi-step decode, offline: upstream vs overlay with N scheduler steps, in one run.
 
-Each configuration runs `vllm.LLM` in its own process (never two at once) on
+Each configuration runs `vllm.LLM` in its own process (one measured at a time) on
 the same locally built model: BATCH prompts decoding OUT_LEN tokens each
 (greedy, ignore_eos). Configurations alternate order every round; the report
 gives median output tokens/s per configuration, the ratio to upstream, and the
 forward-only limit (the model's decode forward alone on the same batch, timed
 in-process, once per round: see `bench.py forward-only`), with each
-configuration's distance from it. --worker-forward also times the forward
+configuration's distance from it, and the decode phase's own ratio (each
+timed call's tokens after the first per request, over its time beyond the
+batch's prefill, timed just before with the same prompts for one token each:
+offline_worker.py). --worker-forward also times the forward
 inside each configuration's served worker (see benchmarks/worker_forward_timer)
 and reports its median beside the in-process one: the share of a decode step
 (BATCH tokens / tokens/s) that is the forward. --plot writes a PNG of tokens/s
 against N (needs matplotlib in the running Python).
+
+--interleave keeps every configuration's engine up at once (and the
+forward-only one), started one after another, and makes each round one timed
+generate() per configuration in turn, the order rotating every round: a
+configuration and upstream are then measured seconds apart instead of minutes,
+so the host's speed, which drifts by up to 2x over minutes here, moves them
+together (docs/benchmarks.md). The idle engines wait beside the one measured
+(about 1% of a core each, measured). Use more rounds than without it (each is
+one generate() per configuration, not an engine start).
+
+  .tool-venv/bin/python benchmarks/bench.py offline --model tiny --interleave --rounds 15 --steps 1 8 16
 
   .tool-venv/bin/python benchmarks/bench.py offline --model tiny --rounds 3
   .tool-venv/bin/python benchmarks/bench.py offline --model big --rounds 2 --out-len 64 --steps 1 8
@@ -18,6 +32,7 @@ against N (needs matplotlib in the running Python).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 
@@ -62,6 +77,11 @@ def summarize(runs: list[dict]) -> dict:
                for c in configs}  # fmt: skip
     if any(forward.values()):
         summary["worker_forward_ms"] = {c: statistics.median(v) for c, v in forward.items() if v}
+    decode = {c: [r["decode_median"] for r in runs if r["config"] == c and "decode_median" in r] for c in configs}
+    if all(decode.values()):  # results from before the decode phase was timed have none
+        decode_med = {c: statistics.median(v) for c, v in decode.items()}
+        summary["decode_median_tok_s"] = decode_med
+        summary["decode_vs_upstream"] = {c: v / decode_med[UPSTREAM] for c, v in decode_med.items()}
     in_process = [r["forward_ms"] for r in runs if r["config"] == forward_only.CONFIG and "forward_ms" in r]
     if in_process:
         summary["forward_ms"] = statistics.median(in_process)
@@ -85,6 +105,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--reps", type=int, default=3, help=worker.REPS_HELP)
     ap.add_argument("--no-async", action="store_true", help="overlay with --no-async-scheduling")
     ap.add_argument("--worker-forward", action="store_true", help="also time the forward inside each served worker")
+    ap.add_argument("--interleave", action="store_true",
+                    help="every engine up at once, one generate() each in turn per round (see above)")  # fmt: skip
     ap.add_argument("--plot", type=Path, help="write a PNG of tokens/s against N")
     results.add_json_argument(ap)
 
@@ -98,29 +120,22 @@ def main(args) -> int:
     for name, n, extra in overlay:
         kwargs = {"num_scheduler_steps": n} | extra | ({"async_scheduling": False} if args.no_async else {})
         configs[name] = (pythons[builds.OVERLAY], kwargs)
-    shape = {"batch": args.batch, "out_len": args.out_len, "reps": args.reps}
-    runs: list[dict] = []
-    names = list(configs)
-    for r in range(args.rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            python, kwargs = configs[name]
-            result = worker.run(python, model, kwargs, **shape, worker_forward=args.worker_forward)
-            runs.append({"round": r + 1, "config": name, **result})
-            forward = ""
-            if args.worker_forward:
-                forward = f", forward in its worker {result['worker_forward_ms']:.3f} ms"
-            print(f"round {r + 1} {name:14} {result['median']:9.0f} tok/s{forward}", flush=True)
-        limit = forward_only.measure(pythons[builds.UPSTREAM], model, **shape)
-        runs.append({"round": r + 1, "config": forward_only.CONFIG, **limit})
-        print(f"round {r + 1} forward-only   {forward_only.describe(limit)}")
+    if args.interleave and args.worker_forward:
+        raise SystemExit("--interleave does not time the worker's forward (--worker-forward): one or the other")
+    measure = _interleaved if args.interleave else _one_engine_each
+    runs = measure(configs, pythons[builds.UPSTREAM], model, args)
     summary = summarize(runs)
     med, limit = summary["median_tok_s"], summary["forward_limit"]
     print(f"\nmodel={args.model} batch={args.batch} out_len={args.out_len} rounds={args.rounds} "
           f"async={'off' if args.no_async else 'on'} (overlay)")  # fmt: skip
+    decode = summary.get("decode_vs_upstream", {})
     print(f"{'config':16} {'tok/s':>9} {'vs upstream':>12} {'limit/this':>11}"
+          + (f" {'decode phase':>13}" if decode else "")
           + (f" {'worker fwd ms':>14} {'fwd share':>10}" if args.worker_forward else ""))  # fmt: skip
     for name, value in med.items():
         row = f"{name:16} {value:9.0f} {value / med[UPSTREAM]:11.2f}x {limit / value:10.2f}x"
+        if decode:
+            row += f" {decode[name]:12.2f}x"
         if args.worker_forward:
             forward_ms = summary.get("worker_forward_ms", {}).get(name, float("nan"))
             # A decode step's wall time at this throughput: BATCH tokens.
@@ -136,6 +151,51 @@ def main(args) -> int:
     if args.plot:
         plot(data, args.plot)
     return 0
+
+
+def _one_engine_each(configs: dict, upstream: Path, model: Path, args) -> list[dict]:
+    """Each round, one engine start per configuration (REPS generate() calls), then the forward-only limit."""
+    shape = {"batch": args.batch, "out_len": args.out_len, "reps": args.reps}
+    runs: list[dict] = []
+    names = list(configs)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            python, kwargs = configs[name]
+            result = worker.run(python, model, kwargs, **shape, worker_forward=args.worker_forward)
+            runs.append({"round": r + 1, "config": name, **result})
+            forward = ""
+            if args.worker_forward:
+                forward = f", forward in its worker {result['worker_forward_ms']:.3f} ms"
+            print(f"round {r + 1} {name:14} {result['median']:9.0f} tok/s{forward}", flush=True)
+        limit = forward_only.measure(upstream, model, **shape)
+        runs.append({"round": r + 1, "config": forward_only.CONFIG, **limit})
+        print(f"round {r + 1} forward-only   {forward_only.describe(limit)}")
+    return runs
+
+
+def _interleaved(configs: dict, upstream: Path, model: Path, args) -> list[dict]:
+    """Every engine up at once; each round one generate() per configuration and one forward-only
+    measurement, in an order that rotates every round (see the docstring)."""
+    shape = {"batch": args.batch, "out_len": args.out_len}
+    runs: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        engines = {}
+        for name, (python, kwargs) in configs.items():
+            engines[name] = stack.enter_context(worker.Served(python, model, kwargs, **shape))
+            print(f"{name} up", flush=True)
+        engines[forward_only.CONFIG] = stack.enter_context(
+            worker.Served(upstream, model, {}, **shape, forward_only=True)
+        )
+        names = list(engines)
+        for r in range(args.rounds):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                result = engines[name].measure()
+                runs.append({"round": r + 1, "config": name, **result})
+                limit = name == forward_only.CONFIG
+                shown = forward_only.describe(result) if limit else f"{result['median']:9.0f} tok/s"
+                print(f"round {r + 1} {name:14} {shown}", flush=True)
+    return runs
 
 
 def plot(result: dict, out: Path) -> None:

@@ -154,7 +154,7 @@ def _fake_engine_run(python, model, kwargs, *, batch, out_len, reps, worker_forw
         return {"best": 1.0, "median": 1.0, "forward_ms": 1.0, "forward_limit": batch * 1000.0, "forward_threads": 1,
                 "forward_cores": [0]}  # fmt: skip
     rate = 1000.0 * kwargs.get("num_scheduler_steps", 1) * (1.5 if "speculative_config" in kwargs else 1)
-    result = {"best": rate, "median": rate}
+    result = {"best": rate, "median": rate, "decode_median": 1.25 * rate}
     if "speculative_config" in kwargs:
         result["acceptance_length"] = 2.0
     if worker_forward:
@@ -191,6 +191,68 @@ def test_offline_end_to_end(stubbed):
     assert summary["vs_upstream"]["overlay N=8"] == 8.0 and summary["per_round_vs_upstream"]["overlay N=8"] == [8, 8]
     assert summary["forward_limit"] == 32000.0 and summary["limit_over"]["overlay N=8"] == 4.0
     assert summary["worker_forward_ms"]["upstream"] == 1.2
+    assert summary["decode_median_tok_s"]["overlay N=8"] == 10000.0
+    assert summary["decode_vs_upstream"]["overlay N=8"] == 8
+
+
+class _FakeServed:
+    """worker.Served without an engine: a rate from the configuration, every measure() logged."""
+
+    measured: list[str] = []
+
+    def __init__(self, python, model, kwargs, *, batch, out_len, forward_only=False):
+        self.name = "forward-only" if forward_only else f"N={kwargs.get('num_scheduler_steps', 0)}"
+        self.result = _fake_engine_run(python, model, kwargs, batch=batch, out_len=out_len, reps=1,
+                                       forward_only=forward_only)  # fmt: skip
+
+    def measure(self):
+        self.measured.append(self.name)
+        return self.result
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_offline_interleaved_end_to_end(stubbed, monkeypatch):
+    from harness import worker
+
+    monkeypatch.setattr(worker, "Served", _FakeServed)
+    _FakeServed.measured = []
+    data = _bench(["offline", "--interleave", "--steps", "1", "8", "--rounds", "4", "--json", str(stubbed / "i.json")])
+    # Every round measures each configuration once, forward-only included, the order rotating.
+    assert _FakeServed.measured[:8] == ["N=0", "N=1", "N=8", "forward-only", "N=1", "N=8", "forward-only", "N=0"]
+    assert len(data["runs"]) == 4 * 4 and data["arguments"]["interleave"] is True
+    assert data["summary"]["per_round_vs_upstream"]["overlay N=8"] == [8, 8, 8, 8]
+    assert data["summary"]["forward_limit"] == 32000.0
+    with pytest.raises(SystemExit, match="one or the other"):
+        _bench(["offline", "--interleave", "--worker-forward", "--json", str(stubbed / "x.json")])
+
+
+def test_served_engine_protocol(tmp_path):
+    """worker.Served against a stand-in for offline_worker.py --serve: log lines are skipped, each
+    measure() is one "run" answered by one RATE line, and an engine that dies says why."""
+    from harness import worker
+
+    engine = tmp_path / "engine"
+    engine.write_text(f"""#!{sys.executable}
+import sys
+print("INFO a log line on stdout", flush=True)
+if "dies" in sys.argv[3]:
+    sys.exit("no model here")
+print("READY", flush=True)
+for n, line in enumerate(sys.stdin, 1):
+    print("INFO another", flush=True)
+    print('RATE {{"median": %d}}' % (100 * n), flush=True)
+""")
+    engine.chmod(0o755)
+    with worker.Served(engine, tmp_path / "model", {}, batch=4, out_len=8) as served:
+        assert [served.measure()["median"] for _ in range(3)] == [100, 200, 300]
+    assert served._proc.returncode == 0
+    with pytest.raises(RuntimeError, match="no model here"):
+        worker.Served(engine, tmp_path / "model", {"dies": 1}, batch=4, out_len=8)
 
 
 def test_forward_only_end_to_end(stubbed):
