@@ -89,8 +89,8 @@ def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float
         rate, decode_rate = timed()
         rates.append(rate)
         decode_rates.append(decode_rate)
-    return {"best": max(rates), "median": statistics.median(rates),
-            "decode_median": statistics.median(decode_rates)} | _forward_limit(batch, forward_times)  # fmt: skip
+    decode = {"decode_median": statistics.median(decode_rates)} if None not in decode_rates else {}
+    return {"best": max(rates), "median": statistics.median(rates)} | decode | _forward_limit(batch, forward_times)
 
 
 def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None) -> None:
@@ -104,35 +104,46 @@ def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None) -> 
         if forward_times is not None:
             forward_times.clear()
         rate, decode_rate = timed()
-        result = {"best": rate, "median": rate, "decode_median": decode_rate} | _forward_limit(batch, forward_times)
-        print("RATE " + json.dumps(result), flush=True)
+        decode = {"decode_median": decode_rate} if decode_rate is not None else {}
+        print("RATE " + json.dumps({"best": rate, "median": rate} | decode | _forward_limit(batch, forward_times)),
+              flush=True)  # fmt: skip
+
+
+# The shorter call the decode phase is measured against: tokens per request.
+SHORT_LEN = 16
 
 
 def _timed_generate(llm, batch: int, out_len: int):
     """After a short warm-up, a function that times one generate() of BATCH prompts of OUT_LEN
     tokens each (greedy, ignore_eos): its output tokens/s, and the decode phase's alone.
 
-    The decode phase is what follows the batch's prefill: the same prompts are first run for
-    one token each (timed too), and the tokens after each request's first are divided by the
-    time the full call took beyond that. Multi-step decode and async scheduling act on that
-    phase; the prefill (the same work in every build) weighs more in a faster build's total.
+    The decode phase's tok/s is the difference of two calls with the same prompts: the same
+    prompts for SHORT_LEN tokens each are timed first, and the tokens the full call adds per
+    request (OUT_LEN - SHORT_LEN) are divided by the time it adds. Both calls pay the batch's
+    prefill and whatever the first steps after it cost, so neither counts. Multi-step decode and
+    async scheduling act on that phase; the prefill (the same work in every build) weighs more in
+    a faster build's total. None where OUT_LEN is not above SHORT_LEN.
     """
     from vllm import SamplingParams
 
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
-    first_only = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    short = SamplingParams(temperature=0.0, max_tokens=SHORT_LEN, ignore_eos=True)
+    llm.generate(prompts, short, use_tqdm=False)
 
-    def timed() -> tuple[float, float]:
-        start = time.perf_counter()
-        llm.generate(prompts, first_only, use_tqdm=False)
-        prefill = time.perf_counter() - start
+    def timed() -> tuple[float, float | None]:
+        short_elapsed = None
+        if out_len > SHORT_LEN:
+            start = time.perf_counter()
+            llm.generate(prompts, short, use_tqdm=False)
+            short_elapsed = time.perf_counter() - start
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        return tokens / elapsed, (tokens - len(outs)) / (elapsed - prefill)
+        rate = sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
+        if short_elapsed is None:
+            return rate, None
+        return rate, len(outs) * (out_len - SHORT_LEN) / (elapsed - short_elapsed)
 
     return timed
 

@@ -6,10 +6,9 @@ the same locally built model: BATCH prompts decoding OUT_LEN tokens each
 gives median output tokens/s per configuration, the ratio to upstream, and the
 forward-only limit (the model's decode forward alone on the same batch, timed
 in-process, once per round: see `bench.py forward-only`), with each
-configuration's distance from it, and the decode phase's own ratio (each
-timed call's tokens after the first per request, over its time beyond the
-batch's prefill, timed just before with the same prompts for one token each:
-offline_worker.py). --worker-forward also times the forward
+configuration's distance from it, and the decode phase's own ratio (the
+tokens each timed call adds to a 16-token call of the same prompts, timed just
+before it, over the time it adds: offline_worker.py). --worker-forward also times the forward
 inside each configuration's served worker (see benchmarks/worker_forward_timer)
 and reports its median beside the in-process one: the share of a decode step
 (BATCH tokens / tokens/s) that is the forward. --plot writes a PNG of tokens/s
