@@ -21,9 +21,9 @@ configuration and upstream are then measured seconds apart instead of minutes,
 so the host's speed, which drifts by up to 2x over minutes here, moves them
 together (docs/benchmarks.md). The idle engines wait beside the one measured
 (about 1% of a core each, measured). Use more rounds than without it (each is
-one generate() per configuration, not an engine start).
+one generate() per configuration, not an engine start; --reps is not used).
 
-  .tool-venv/bin/python benchmarks/bench.py offline --model tiny --interleave --rounds 15 --steps 1 8 16
+  .tool-venv/bin/python benchmarks/bench.py offline --model tiny --interleave --rounds 30 --steps 1 8 16
 
   .tool-venv/bin/python benchmarks/bench.py offline --model tiny --rounds 3
   .tool-venv/bin/python benchmarks/bench.py offline --model big --rounds 2 --out-len 64 --steps 1 8
