@@ -1,6 +1,7 @@
 """Runs inside one build's venv: decode throughput of `vllm.LLM`, or the forward-only time.
 
-Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only | --worker-forward] [--serve]
+Usage: python offline_worker.py MODEL '{"LLM kwargs"}' BATCH OUT_LEN REPS [--forward-only | --worker-forward]
+       [--serve] [--decode-phase]
 Prints one line "RESULT {json}". Throughput: BATCH prompts of 32 token ids,
 OUT_LEN tokens each (ignore_eos, greedy), best and median output tokens/s of
 REPS runs after a warm-up. --forward-only runs the engine in-process and times
@@ -21,8 +22,8 @@ start measures each in turn, and RESULT maps each size to its own result.
 generate() too, untimed) it prints "READY", then answers each line "run" on
 stdin with one timed generate() of BATCH prompts, printed as one line
 "RATE {json}" (the fields of RESULT, from that one call), until stdin closes.
-Each result also gives the decode phase's tokens/s ("decode_median": see
-`_timed_generate`).
+--decode-phase also gives the decode phase's tokens/s ("decode_median": see
+`_timed_generate`), at the cost of a shorter call before each timed one.
 """
 
 import json
@@ -61,12 +62,14 @@ def main() -> None:
     spec = "speculative_config" in kwargs  # then also report the acceptance (engine stats on)
     llm = LLM(**{"model": model, "dtype": "float32", "max_model_len": 1024, "seed": 0, **kwargs}
               | ({"disable_log_stats": False} if spec else {}))  # fmt: skip
+    decode_phase = "--decode-phase" in sys.argv
     if "--serve" in sys.argv:
-        _serve(llm, batches[0], out_len, forward_times[batches[0]] if forward_only else None)
+        _serve(llm, batches[0], out_len, forward_times[batches[0]] if forward_only else None, decode_phase)
         return
     results = {}
     for batch in batches:
-        results[batch] = _measure(llm, batch, out_len, reps, forward_times[batch] if forward_only else None)
+        results[batch] = _measure(llm, batch, out_len, reps, forward_times[batch] if forward_only else None,
+                                  decode_phase)  # fmt: skip
         if spec:
             results[batch]["acceptance_length"] = _acceptance_length(llm)
     if timer_dir is not None:
@@ -79,13 +82,12 @@ def main() -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float] | None) -> dict:
+def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float] | None,
+             decode_phase: bool) -> dict:  # fmt: skip
     """Output tokens/s of REPS runs of BATCH prompts after a warm-up; with forward_times, the forward's limit."""
-    timed = _timed_generate(llm, batch, out_len)
+    timed = _timed_generate(llm, batch, out_len, forward_times, decode_phase)
     rates, decode_rates = [], []
     for _ in range(reps):
-        if forward_times is not None:
-            forward_times.clear()
         rate, decode_rate = timed()
         rates.append(rate)
         decode_rates.append(decode_rate)
@@ -93,16 +95,14 @@ def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float
     return {"best": max(rates), "median": statistics.median(rates)} | decode | _forward_limit(batch, forward_times)
 
 
-def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None) -> None:
+def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None, decode_phase: bool) -> None:
     """One timed generate() per "run" line on stdin, after a full-length warm-up (see the docstring)."""
-    timed = _timed_generate(llm, batch, out_len)
+    timed = _timed_generate(llm, batch, out_len, forward_times, decode_phase)
     timed()  # untimed: the first full-length call is slower than the rest
     print("READY", flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             sys.exit(f"offline_worker.py --serve: unknown command {line.strip()!r} (expected 'run')")
-        if forward_times is not None:
-            forward_times.clear()
         rate, decode_rate = timed()
         decode = {"decode_median": decode_rate} if decode_rate is not None else {}
         print("RATE " + json.dumps({"best": rate, "median": rate} | decode | _forward_limit(batch, forward_times)),
@@ -113,9 +113,11 @@ def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None) -> 
 SHORT_LEN = 16
 
 
-def _timed_generate(llm, batch: int, out_len: int):
+def _timed_generate(llm, batch: int, out_len: int, forward_times: list[float] | None, decode_phase: bool):
     """After a short warm-up, a function that times one generate() of BATCH prompts of OUT_LEN
-    tokens each (greedy, ignore_eos): its output tokens/s, and the decode phase's alone.
+    tokens each (greedy, ignore_eos): its output tokens/s, and with decode_phase the decode
+    phase's alone (else None). With forward_times, it holds the forwards of that one full call
+    when the function returns.
 
     The decode phase's tok/s is the difference of two calls with the same prompts: the same
     prompts for SHORT_LEN tokens each are timed first, and the tokens the full call adds per
@@ -133,10 +135,12 @@ def _timed_generate(llm, batch: int, out_len: int):
 
     def timed() -> tuple[float, float | None]:
         short_elapsed = None
-        if out_len > SHORT_LEN:
+        if decode_phase and out_len > SHORT_LEN:
             start = time.perf_counter()
             llm.generate(prompts, short, use_tqdm=False)
             short_elapsed = time.perf_counter() - start
+        if forward_times is not None:  # the full call's forwards only, not the short call's
+            forward_times.clear()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start

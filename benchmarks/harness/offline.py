@@ -160,7 +160,7 @@ def _one_engine_each(configs: dict, upstream: Path, model: Path, args) -> list[d
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             python, kwargs = configs[name]
-            result = worker.run(python, model, kwargs, **shape, worker_forward=args.worker_forward)
+            result = worker.run(python, model, kwargs, **shape, worker_forward=args.worker_forward, decode_phase=True)
             runs.append({"round": r + 1, "config": name, **result})
             forward = ""
             if args.worker_forward:
@@ -180,7 +180,7 @@ def _interleaved(configs: dict, upstream: Path, model: Path, args) -> list[dict]
     with contextlib.ExitStack() as stack:
         engines = {}
         for name, (python, kwargs) in configs.items():
-            engines[name] = stack.enter_context(worker.Served(python, model, kwargs, **shape))
+            engines[name] = stack.enter_context(worker.Served(python, model, kwargs, **shape, decode_phase=True))
             print(f"{name} up", flush=True)
         engines[forward_only.CONFIG] = stack.enter_context(
             worker.Served(upstream, model, {}, **shape, forward_only=True)

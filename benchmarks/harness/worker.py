@@ -35,11 +35,14 @@ def run(
     reps: int,
     worker_forward: bool = False,
     forward_only: bool = False,
+    decode_phase: bool = False,
 ) -> dict:
     """One engine start: ``reps`` timed generate() calls of ``batch`` prompts, ``out_len`` tokens each."""
     cmd = [python, WORKER, model, json.dumps(kwargs), batch, out_len, reps]
     if worker_forward and not forward_only:
         cmd.append("--worker-forward")
+    if decode_phase:
+        cmd.append("--decode-phase")
     env = _FORWARD_ONLY_ENV if forward_only else {}
     proc = run_env(*cmd, *(["--forward-only"] if forward_only else []), timeout=TIMEOUT_S, extra_env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -57,9 +60,9 @@ class Served:
     """
 
     def __init__(self, python: Path, model: Path, kwargs: dict, *, batch: int, out_len: int,
-                 forward_only: bool = False) -> None:  # fmt: skip
+                 forward_only: bool = False, decode_phase: bool = False) -> None:  # fmt: skip
         cmd = [python, WORKER, model, json.dumps(kwargs), batch, out_len, 1, "--serve"]
-        cmd += ["--forward-only"] if forward_only else []
+        cmd += (["--forward-only"] if forward_only else []) + (["--decode-phase"] if decode_phase else [])
         self._log = tempfile.TemporaryFile(mode="w+")
         env = {**os.environ, **VLLM_ENV, **(_FORWARD_ONLY_ENV if forward_only else {})}
         self._proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

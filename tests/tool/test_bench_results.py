@@ -149,12 +149,13 @@ def test_an_unreadable_provenance_leaves_nulls_and_says_why(tmp_path):
 # The subcommands end to end with the engine runs stubbed out: what each writes, engine-free.
 
 
-def _fake_engine_run(python, model, kwargs, *, batch, out_len, reps, worker_forward=False, forward_only=False):
+def _fake_engine_run(python, model, kwargs, *, batch, out_len, reps, worker_forward=False, forward_only=False,
+                     decode_phase=False):  # fmt: skip
     if forward_only:
         return {"best": 1.0, "median": 1.0, "forward_ms": 1.0, "forward_limit": batch * 1000.0, "forward_threads": 1,
                 "forward_cores": [0]}  # fmt: skip
     rate = 1000.0 * kwargs.get("num_scheduler_steps", 1) * (1.5 if "speculative_config" in kwargs else 1)
-    result = {"best": rate, "median": rate, "decode_median": 1.25 * rate}
+    result = {"best": rate, "median": rate} | ({"decode_median": 1.25 * rate} if decode_phase else {})
     if "speculative_config" in kwargs:
         result["acceptance_length"] = 2.0
     if worker_forward:
@@ -200,10 +201,10 @@ class _FakeServed:
 
     measured: list[str] = []
 
-    def __init__(self, python, model, kwargs, *, batch, out_len, forward_only=False):
+    def __init__(self, python, model, kwargs, *, batch, out_len, forward_only=False, decode_phase=False):
         self.name = "forward-only" if forward_only else f"N={kwargs.get('num_scheduler_steps', 0)}"
         self.result = _fake_engine_run(python, model, kwargs, batch=batch, out_len=out_len, reps=1,
-                                       forward_only=forward_only)  # fmt: skip
+                                       forward_only=forward_only, decode_phase=decode_phase)  # fmt: skip
 
     def measure(self):
         self.measured.append(self.name)
@@ -226,6 +227,7 @@ def test_offline_interleaved_end_to_end(stubbed, monkeypatch):
     assert _FakeServed.measured[:8] == ["N=0", "N=1", "N=8", "forward-only", "N=1", "N=8", "forward-only", "N=0"]
     assert len(data["runs"]) == 4 * 4 and data["arguments"]["interleave"] is True
     assert data["summary"]["per_round_vs_upstream"]["overlay N=8"] == [8, 8, 8, 8]
+    assert data["summary"]["decode_vs_upstream"]["overlay N=8"] == 8
     assert data["summary"]["forward_limit"] == 32000.0
     with pytest.raises(SystemExit, match="one or the other"):
         _bench(["offline", "--interleave", "--worker-forward", "--json", str(stubbed / "x.json")])
