@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from support.engines import VLLM_ENV
+from support.engines import engine_env
 
 from harness import builds, results, worker
 
@@ -162,7 +162,7 @@ def _record(args, pythons: dict, process_name: str, buckets_by_marker: list) -> 
         cmd = [python, worker.WORKER, model, args.kwargs, "32", "256", "200"]
         with log.open("w") as out:
             run = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **VLLM_ENV}, start_new_session=True)  # fmt: skip
+                                   env=engine_env(), start_new_session=True)  # fmt: skip
         try:
             pid = _process_pid(log, run.pid, time.monotonic() + 300, process_name)
             time.sleep(3)  # past the warm-up generate()

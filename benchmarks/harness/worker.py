@@ -9,12 +9,11 @@ forward_only the model's forward alone; see its docstring. The GPU check
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from support.engines import VLLM_ENV, run_env
+from support.engines import engine_env, run_env
 
 from harness.paths import BENCHMARKS
 
@@ -64,7 +63,7 @@ class Served:
         cmd = [python, WORKER, model, json.dumps(kwargs), batch, out_len, 1, "--serve"]
         cmd += (["--forward-only"] if forward_only else []) + (["--decode-phase"] if decode_phase else [])
         self._log = tempfile.TemporaryFile(mode="w+")
-        env = {**os.environ, **VLLM_ENV, **(_FORWARD_ONLY_ENV if forward_only else {})}
+        env = engine_env(_FORWARD_ONLY_ENV if forward_only else None)
         self._proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._log, text=True, env=env)  # fmt: skip
         self._read("READY")

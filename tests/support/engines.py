@@ -21,10 +21,15 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "H
             "VLLM_USE_AOT_COMPILE": "0", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}  # fmt: skip
 
 
+def engine_env(extra_env: dict | None = None) -> dict:
+    """The environment an engine process runs with: this one's, VLLM_ENV, then ``extra_env``."""
+    return {**os.environ, **VLLM_ENV, **(extra_env or {})}
+
+
 def run_env(*cmd, timeout: int = 600, extra_env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """Run ``cmd`` (a venv's python or console script first) with the test env."""
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **VLLM_ENV, **(extra_env or {})}, **kw)  # fmt: skip
+                          env=engine_env(extra_env), **kw)  # fmt: skip
 
 
 def script_result(python: Path, source: str, *args, tmp_path: Path, timeout: int = 600) -> dict:
@@ -132,7 +137,7 @@ class Server:
                 [str(c) for c in cmd] + ["--host", "127.0.0.1", "--port", str(self.port)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **VLLM_ENV},
+                env=engine_env(),
             )
 
     def wait_ready(self, timeout: float = 300) -> None:
