@@ -361,7 +361,9 @@ class DecodeWindowRunner:
         """Sample the inner step the runner just executed (or a step 1 run on
         the kept batch), with upstream's own sampler and state update
         (`sample`, `postprocess_sampled`: post_update advances computed counts,
-        token history, last token, penalty counts).
+        token history, last token, penalty counts). On the standalone CPU
+        runner `StandaloneInnerStep.sample` stands in for the runner's `sample`:
+        the same draws, without the sampler's per-step bookkeeping.
 
         The rest of the runner's `sample_tokens` is left out: an inner step is
         a decode step of requests already running, so it has no prompt
@@ -377,7 +379,9 @@ class DecodeWindowRunner:
         model_runner.execute_model_state = None  # consumed, as sample_tokens does
         assert executed is not None and executed.hidden_states is not None
         step_batch = executed.input_batch
-        step_sample, num_sampled, num_rejected = model_runner.sample(
+        reused = self._reused_steps()
+        sample = reused.sample if reused is not None else model_runner.sample
+        step_sample, num_sampled, num_rejected = sample(
             executed.hidden_states, step_batch, None
         )
         model_runner.postprocess_sampled(
@@ -474,15 +478,20 @@ class DecodeWindowRunner:
         self._num_steps += num_steps
         if self._num_windows & (self._num_windows - 1) == 0:
             num_inner = self._num_steps - self._num_windows
+            reused = self._reused
             logger.info(
                 "Multi-step decode on Model Runner V2 (%s): %d windows, %.2f "
                 "steps per window, %d%% of inner steps and %d%% of first steps "
-                "on the batch of the step before.",
+                "on the batch of the step before, %d%% of steps sampled without "
+                "the sampler's per-step bookkeeping.",
                 type(self.model_runner).__name__,
                 self._num_windows,
                 self._num_steps / self._num_windows,
                 100 * self._num_reused // max(num_inner, 1),
                 100 * self._num_first_reused // self._num_windows,
+                100 * reused.num_plain_steps // max(reused.num_sampled_steps, 1)
+                if reused is not None
+                else 0,
             )
 
 

@@ -15,8 +15,11 @@ decode step moves, with the runner's own pieces, in the order its
 `post_update` advanced (`prepare_pos_seq_lens`), input ids from the last
 sampled tokens (`combine_sampled_and_draft_tokens`), block tables and slot
 mappings (`prepare_attn`), the model state's hooks and attention metadata, and
-the forward in vLLM's forward context. The runner's `sample` and
-`postprocess_sampled` then sample it as any step (vllm/v1/worker/decode_window.py).
+the forward in vLLM's forward context. The runner's sampler and
+`postprocess_sampled` then sample it as any step (vllm/v1/worker/decode_window.py);
+where its requests want no logprobs, through the sampler's `sample` itself
+rather than its `__call__`, whose other per-step work gives fixed results for a
+decode step (`StandaloneInnerStep.sample`).
 
 From the second inner step on the same batch, the attention inputs are
 refreshed in place instead of rebuilt, where the backend is the CPU one and its
@@ -69,6 +72,7 @@ from vllm.v1.worker.cpu.input_batch import (
     prepare_pos_seq_lens,
 )
 from vllm.v1.worker.cpu.model_states.default import DefaultModelState
+from vllm.v1.worker.cpu.sampler import CPUSampler, SamplerOutput
 from vllm.v1.worker.cpu.standalone_model_runner import (
     ExecuteModelState,
     StandaloneCPUModelRunner,
@@ -79,7 +83,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 
 
 @dataclass
@@ -110,6 +114,24 @@ class StandaloneInnerStep:
             type(standalone.model_state) is DefaultModelState
             and not cpu_tables.has_sliding_window_groups
         )
+        # Whether the runner's sampler does nothing per step beyond sampling
+        # but what `sample` below leaves out (fixed by the model's config):
+        # no NaN counts, trace replay or sampling masks, no `__call__` of its own.
+        sampler = standalone.sampler
+        self._sampler_plain = (
+            sampler is not None
+            and type(sampler).__call__ is CPUSampler.__call__
+            and not sampler.compute_nans
+            and sampler.trace_replay_state is None
+            and not sampler.return_sampling_mask
+        )
+        # A batch and whether its requests want no logprobs (the same for
+        # every step on it: its requests and their parameters are fixed).
+        self._without_logprobs: tuple[InputBatch, bool] | None = None
+        # Steps sampled here, and how many of them without the sampler's
+        # bookkeeping (the window's log gives the share).
+        self.num_sampled_steps = 0
+        self.num_plain_steps = 0
 
     @classmethod
     def create(
@@ -190,6 +212,71 @@ class StandaloneInnerStep:
             self._attention = None  # block tables to gather again
         self._forward(cpu_batch, scheduler_output.finished_req_ids)
         return True
+
+    def sample(
+        self,
+        hidden_states: torch.Tensor,
+        cpu_batch: InputBatch,
+        grammar_output: "GrammarOutput | None",
+    ) -> tuple[SamplerOutput, torch.Tensor, torch.Tensor]:
+        """The runner's `sample` of a step, for a window's decode steps
+        without the bookkeeping its sampler's `__call__` repeats every step.
+
+        A decode step of requests that want no logprobs samples exactly what
+        `__call__` samples, by the same `CPUSampler.sample` (logits
+        processors, temperature, min_p, top-k/top-p, Gumbel draws keyed by
+        seed and position), and its other results are fixed: one token per
+        request, none rejected (no prompt chunk, no drafts), no logprobs. What
+        `__call__` spends to find that out (the logprobs dimensions, the
+        chunked-prefill masks) was about a quarter of its host time in an
+        inner step (docs/benchmarks.md). Any other step goes to the runner's
+        `sample`.
+        """
+        standalone = self.standalone
+        self.num_sampled_steps += 1
+        if grammar_output is not None or not self._samples_plainly(cpu_batch):
+            return standalone.sample(hidden_states, cpu_batch, grammar_output)
+        self.num_plain_steps += 1
+        sampler = standalone.sampler
+        logits_indices = cpu_batch.logits_indices
+        logits = standalone.model.compute_logits(hidden_states[logits_indices])
+        sampled, _ = sampler.sample(
+            logits=logits,
+            expanded_idx_mapping=cpu_batch.expanded_idx_mapping,
+            idx_mapping=cpu_batch.idx_mapping,
+            idx_mapping_np=cpu_batch.idx_mapping_np,
+            pos=cpu_batch.positions[logits_indices],
+            input_ids=cpu_batch.input_ids[logits_indices],
+            expanded_local_pos=cpu_batch.expanded_local_pos,
+            seq_lens_upper_bound_np=cpu_batch.seq_lens_cpu_upper_bound.numpy(),
+        )
+        num_sampled = cpu_batch.seq_lens.new_ones(cpu_batch.num_reqs)
+        num_rejected = cpu_batch.seq_lens.new_zeros(cpu_batch.num_reqs)
+        output = SamplerOutput(
+            sampled_token_ids=sampled.view(-1, 1),
+            logprobs_tensors=None,
+            num_nans=None,
+            num_sampled=num_sampled,
+            num_rejected=num_rejected,
+            sampling_mask_tensors=None,
+        )
+        return output, num_sampled, num_rejected
+
+    def _samples_plainly(self, cpu_batch: InputBatch) -> bool:
+        """Whether a step on `cpu_batch` is a decode step of requests that
+        want no logprobs, on a plain sampler (see `sample`)."""
+        if (
+            not self._sampler_plain
+            or cpu_batch.has_prefill
+            or cpu_batch.num_tokens != cpu_batch.num_reqs
+        ):
+            return False
+        known = self._without_logprobs
+        if known is None or known[0] is not cpu_batch:
+            sampler = self.standalone.sampler
+            dims = sampler.get_logprobs_dims(cpu_batch.idx_mapping_np)
+            known = self._without_logprobs = (cpu_batch, dims is None)
+        return known[1]
 
     def _forward(self, cpu_batch: InputBatch, finished_req_ids: set[str]) -> None:
         """Refresh what a decode step moves in `cpu_batch`, run the forward
