@@ -192,8 +192,7 @@ class StandaloneInnerStep:
         num_scheduled = scheduler_output.num_scheduled_tokens
         if (
             cpu_batch is None
-            or cpu_batch.has_prefill
-            or cpu_batch.num_tokens != cpu_batch.num_reqs
+            or not _decodes(cpu_batch)
             or scheduler_output.total_num_scheduled_tokens != len(num_scheduled)
             or scheduler_output.scheduled_new_reqs
             or scheduler_output.has_structured_output_requests
@@ -264,11 +263,7 @@ class StandaloneInnerStep:
     def _samples_plainly(self, cpu_batch: InputBatch) -> bool:
         """Whether a step on `cpu_batch` is a decode step of requests that
         want no logprobs, on a plain sampler (see `sample`)."""
-        if (
-            not self._sampler_plain
-            or cpu_batch.has_prefill
-            or cpu_batch.num_tokens != cpu_batch.num_reqs
-        ):
+        if not self._sampler_plain or not _decodes(cpu_batch):
             return False
         known = self._without_logprobs
         if known is None or known[0] is not cpu_batch:
@@ -409,6 +404,12 @@ class StandaloneInnerStep:
                         return None
                     found[id(metadata)] = (metadata, builder)
         return list(found.values()) or None
+
+
+def _decodes(cpu_batch: InputBatch) -> bool:
+    """Whether `cpu_batch` is a decode step of running requests: no prompt
+    tokens, one token (so one logit) per request."""
+    return not cpu_batch.has_prefill and cpu_batch.num_tokens == cpu_batch.num_reqs
 
 
 def _refresh_cpu_attention(
