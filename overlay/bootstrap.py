@@ -44,7 +44,9 @@ def ensure_tool_env(argv: list[str]) -> None:
     """
     env_dir = _venv_dir()
     python = env_dir / "bin" / "python"
-    with_tests = bool(argv) and argv[0] == "test"
+    # Anywhere, not only first: options may stand before the command (`apply.py --upstream V test`).
+    # A `test` that is only an option's value installs the test requirements too, which is harmless.
+    with_tests = "test" in argv
     reqs = _requirements(with_tests)
     marker = env_dir / ("requirements-test.sha256" if with_tests else "requirements.sha256")
     wanted = _digest(reqs)

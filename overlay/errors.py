@@ -4,7 +4,8 @@
 ``apply.py --help``'s epilog and README.md's table (between the
 ``exit-codes`` markers) are all made from it. After editing it, run
 ``python3 -m overlay.errors --write README.md``; tests/tool/test_exit_codes.py
-fails while README.md's table differs.
+fails while README.md's table differs. How a command's failure becomes its code (and the
+traceback file of an internal error): overlay/failures.py.
 """
 
 from __future__ import annotations

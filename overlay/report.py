@@ -1,11 +1,16 @@
-"""What the tool prints: a readable table on stderr/stdout, or JSON with --json."""
+"""What the tool prints: a readable table on stderr/stdout, or JSON with --json.
+
+Every command ends in ``show``: its JSON report with --json (what scripts read), else its text.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Callable
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 
 from overlay.patching import SeriesResult
@@ -63,6 +68,33 @@ def rebase_table(result) -> Table:
         detail = "; ".join(x for x in (s.detail, *s.offsets) if x)
         table.add_row(str(i), s.patch, status, f"[yellow]{drift}[/]" if drift else "-", detail)
     return table
+
+
+# A piece of a command's text: a line for stdout, a rich table, a function that prints (stderr()),
+# or None for a piece shown only sometimes.
+Text = str | RenderableType | Callable[[], object] | None
+
+
+def show(args: argparse.Namespace, payload: dict, *text: Text) -> None:
+    """A command's result: with --json, ``payload`` as the JSON report on stdout and nothing else
+    there (scripts parse it); else each piece of ``text`` in turn."""
+    if getattr(args, "json", False):  # test and fuzz take no --json
+        emit_json(payload)
+        return
+    for piece in text:
+        if piece is None:
+            continue
+        if isinstance(piece, str):
+            print(piece)
+        elif callable(piece):
+            piece()
+        else:
+            console().print(piece)
+
+
+def stderr(*lines: str) -> Callable[[], None]:
+    """Text for ``show`` that goes to stderr: errors, and what to do next."""
+    return lambda: print(*lines, sep="\n", file=sys.stderr)
 
 
 def emit_json(payload: dict) -> None:

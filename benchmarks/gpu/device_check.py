@@ -43,8 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from harness.builds import MODEL_ARGS  # noqa: E402
-from support.fuzz import speculative_config  # noqa: E402
 from support.parity import ENGINES, SPEC_CASES, assert_same_outputs  # noqa: E402
+
+from overlay.fuzz.configs import speculative_config  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WORK = Path("/tmp/gpucheck")

@@ -135,8 +135,9 @@ def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
     engine's log under "engine_log".
     """
     from support.engines import generate
-    from support.fuzz import slice_batches
     from support.parity import ASYNC_MODES, BASE, ENGINES
+
+    from overlay.fuzz.ci_slice import slice_batches
 
     done: dict[tuple, dict] = {}
     tmp = tmp_path_factory.mktemp("parity")

@@ -1,4 +1,4 @@
-"""The differential fuzzer's fixed-seed slice (tests/support/fuzz.py), in the test run.
+"""The differential fuzzer's fixed-seed slice (overlay/fuzz/), in the test run.
 
 Each CI configuration runs its regression batches (the crashes of issue 18,
 kept as scenarios) and a fixed-seed set of random mixed batches on the overlay
@@ -17,7 +17,8 @@ import json
 from collections import Counter
 
 import pytest
-from support import fuzz
+
+from overlay import fuzz
 
 # Runs on every supported release (apply.py test): each release's own builds.
 pytestmark = pytest.mark.every_release

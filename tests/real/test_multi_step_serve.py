@@ -6,7 +6,7 @@ logprobs, penalties), stop strings inside a window, requests that arrive
 while another request's windows are running, and a client that disconnects
 mid-window: the request must stop, no token after the abort may be counted,
 and the KV cache must be empty again. Then the fuzzer's served batches
-(tests/support/fuzz.py): the mixed-logprobs batch that once killed the
+(overlay/fuzz/served.py): the mixed-logprobs batch that once killed the
 server, and seeded random mixed batches with staggered arrivals and clients
 that leave mid-stream.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import fuzz
 from support.serve_cases import (
     CASES,
     GREEDY,
@@ -27,6 +26,8 @@ from support.serve_cases import (
     client_for,
     completion,
 )
+
+from overlay import fuzz
 
 # Multi-step windows only (skipped, with the reason, on a release that has none); on every
 # supported release (apply.py test), each on its own runner.

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 from support.engines import generate
-from support.fuzz import speculative_config
 from support.parity import (
     BASE,
     ENGINES,
@@ -42,6 +41,8 @@ from support.parity import (
 )
 from support.serve_cases import GREEDY, assert_disconnect_frees_the_request, assert_same, completion
 from support.venvs import draft_models
+
+from overlay.fuzz.configs import speculative_config
 
 # Windows with drafts only (skipped, with the reason, where they do not run: Model Runner V2).
 pytestmark = pytest.mark.usefixtures("drafts_in_windows")

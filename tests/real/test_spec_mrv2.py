@@ -1,4 +1,4 @@
-"""Speculative decoding inside multi-step windows on Model Runner V2 (vllm/v1/worker/decode_window.py).
+"""Speculative decoding inside multi-step windows on Model Runner V2 (vllm/v1/worker/gpu/multi_step/).
 
 From vLLM 0.34.0 windows run on Model Runner V2, whose drafters run only in its GPU runner's code
 (the standalone CPU runner has none): this file runs on the interpreter base (tests/support/
@@ -29,9 +29,10 @@ import os
 
 import pytest
 from support.engines import generate, script_result
-from support.fuzz import speculative_config
 from support.parity import BASE, SPEC_CASES, assert_same_outputs
 from support.venvs import draft_models, windows_runner
+
+from overlay.fuzz.configs import speculative_config
 
 pytestmark = pytest.mark.every_release
 

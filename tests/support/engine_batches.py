@@ -1,7 +1,7 @@
 """Run fuzzer batches through one engine: per-request parameters, arrivals, aborts.
 
 Runs inside a venv holding one vLLM build, imported by generate.py for a spec
-with "batches" (tests/support/fuzz.py writes them). One ``LLM`` serves every
+with "batches" (overlay/fuzz/ writes them). One ``LLM`` serves every
 batch; each batch drives its ``LLMEngine`` step by step, so arrivals and
 aborts happen at engine steps:
 

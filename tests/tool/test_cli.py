@@ -1,15 +1,22 @@
 """The command line: one exit code per way a command ends, each code written once
-(overlay/errors.py's table, which README.md and --help show), and each command declared
-once (overlay/cli.py's table, which the module docstring and --help show)."""
+(overlay/errors.py's table, which README.md and --help show), each command declared
+once (overlay/cli.py's table, which the module docstring and --help show), the options
+every command takes also before the command (overlay/cmdline.py), and one way to print
+a command's result, JSON or text (overlay/report.py's show)."""
 
+import argparse
 import dataclasses
 import hashlib
+import json
 import subprocess
+from pathlib import Path
 
+import pytest
+from rich.table import Table
 from support.cli import ROOT, run_json, run_tool
 from support.synthetic import ENGINE, SOURCE, file_patch, snapshot
 
-from overlay import cli, errors, releases
+from overlay import cli, errors, releases, report, testrun
 
 
 def test_readme_exit_code_table_is_the_one_errors_py_writes():
@@ -131,14 +138,14 @@ def test_interrupted(upstream, monkeypatch, capsys):
 
 
 def _record_runs(monkeypatch):
-    monkeypatch.delenv(cli.TEST_RELEASE_ENV, raising=False)  # `apply.py test` sets it for this run
+    monkeypatch.delenv(testrun.TEST_RELEASE_ENV, raising=False)  # `apply.py test` sets it for this run
     runs = []
 
     def run(cmd, **kw):
         runs.append((cmd, kw.get("env", {})))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(cli.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)
     return runs
 
 
@@ -151,15 +158,15 @@ def test_test_takes_upstream_anywhere_and_passes_the_rest_to_pytest(monkeypatch)
     assert cli.main(["test", "tests/tool", "-q", "--upstream", version, "-k", "not slow"]) == errors.OK
     [(cmd, env)] = runs
     assert cmd[-5:] == ["pytest", "tests/tool", "-q", "-k", "not slow"]
-    assert env[cli.TEST_RELEASE_ENV] == version
+    assert env[testrun.TEST_RELEASE_ENV] == version
 
 
 def test_fuzz_takes_upstream_and_passes_the_rest_and_help_on(monkeypatch):
     runs, version = _record_runs(monkeypatch), _a_release()
     assert cli.main(["fuzz", f"--upstream={version}", "--minutes", "1", "--help"]) == errors.OK
     [(cmd, env)] = runs
-    assert cmd[-4:] == [str(ROOT / "tests" / "support" / "fuzz.py"), "--minutes", "1", "--help"]
-    assert env[cli.TEST_RELEASE_ENV] == version
+    assert cmd[-5:] == ["-m", "overlay.fuzz", "--minutes", "1", "--help"]
+    assert env[testrun.TEST_RELEASE_ENV] == version
 
 
 def test_unknown_release_for_test_is_bad_input():
@@ -179,26 +186,115 @@ def test_fast_runs_the_tool_tests_and_our_unit_tests_with_the_same_arguments(mon
         def wait(self):
             return 0
 
-    monkeypatch.setattr(cli.subprocess, "Popen", Popen)
+    monkeypatch.setattr(subprocess, "Popen", Popen)
     version = _a_release()
     assert cli.main(["test", "--fast", "--upstream", version, "-x"]) == errors.OK
     [(tool, tool_env)], [(units, units_env)] = runs, started
-    assert tool[-3:] == ["pytest", cli.TOOL_TESTS, "-x"]
-    assert units[-2:] == [str(cli.SRC_UNIT_TESTS), "-x"]
-    assert tool_env[cli.TEST_RELEASE_ENV] == units_env[cli.TEST_RELEASE_ENV] == version
+    assert tool[-3:] == ["pytest", testrun.TOOL_TESTS, "-x"]
+    assert units[-2:] == [str(testrun.SRC_UNIT_TESTS), "-x"]
+    assert tool_env[testrun.TEST_RELEASE_ENV] == units_env[testrun.TEST_RELEASE_ENV] == version
 
 
 def test_the_suite_runs_every_release_after_one_fails(monkeypatch):
     """`apply.py test` without arguments: a release whose tests fail does not stop the others
     (each release's run is its own; the exit code is the first failure's)."""
-    from overlay import cli, releases
-
     ran = []
 
     def fake_pytest(version, args):
         ran.append(version)
         return 1 if len(ran) == 1 else 0
 
-    monkeypatch.setattr(cli, "_pytest", fake_pytest)
+    monkeypatch.setattr(testrun, "_pytest", fake_pytest)
     assert cli.main(["test"]) == 1
-    assert sorted(ran) == sorted(r.version for r in releases.supported(cli.ROOT)) and len(ran) > 1
+    assert sorted(ran) == sorted(r.version for r in releases.supported(ROOT)) and len(ran) > 1
+
+
+# -- the options every command takes, also before the command --
+
+EVERY_COMMAND_TAKES = ("json", "quiet", "upstream", "series", "lock", "cache_dir")
+
+
+def test_the_options_every_command_takes_may_stand_before_it():
+    before = ["--json", "-q", "--upstream", "0.32.0", "--series", "s/series", "--lock", "l.lock", "--cache-dir", "c"]
+    _command, args = cli.parse([*before, "check"])
+    given = (True, True, "0.32.0", Path("s/series"), Path("l.lock"), "c")
+    assert tuple(getattr(args, dest) for dest in EVERY_COMMAND_TAKES) == given
+    # given nowhere: the defaults, as after the command
+    _command, args = cli.parse(["check"])
+    defaults = (False, False, None, ROOT / "series", None, None)
+    assert tuple(getattr(args, dest) for dest in EVERY_COMMAND_TAKES) == defaults
+
+
+def test_given_before_and_after_the_command_the_one_after_wins():
+    _command, args = cli.parse(["--upstream", "0.32.0", "--series", "a/series", "check", "--upstream", "0.34.0"])
+    assert (args.upstream, args.series, args.json) == ("0.34.0", Path("a/series"), False)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--json", "test"], "test does not take --json"),
+        (["-q", "--upstream", "0.32.0", "fuzz"], "fuzz does not take -q/--quiet"),
+        # before the command, an option the tool does not know is not passed on to the fuzzer or pytest
+        (["--repeat-oracle", "fuzz"], "unrecognized arguments: --repeat-oracle"),
+        (["-x", "test"], "unrecognized arguments: -x"),
+    ],
+)
+def test_an_option_before_a_command_that_does_not_take_it_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as refused:
+        cli.parse(argv)
+    assert refused.value.code == errors.BAD_INPUT and message in capsys.readouterr().err
+
+
+def test_every_command_takes_them_before_it_through_the_command_line(upstream):
+    proc = run_tool("--json", *upstream.args(), "check")
+    assert proc.returncode == errors.OK and json.loads(proc.stdout)["ok"] is True, proc.stderr
+    version = _a_release()
+    proc = run_tool("-q", "--upstream", version, "releases")
+    assert proc.returncode == errors.OK and f"vLLM {version} " in proc.stdout, proc.stderr
+
+
+def test_upstream_before_fuzz_picks_the_release_and_the_rest_goes_on(monkeypatch):
+    runs, version = _record_runs(monkeypatch), _a_release()
+    assert cli.main(["--upstream", version, "fuzz", "--minutes", "1"]) == errors.OK
+    assert cli.main(["--upstream", "9.9.9", "fuzz", "--upstream", version, "--help"]) == errors.OK  # after wins
+    [(first, first_env), (second, second_env)] = runs
+    assert first[-4:] == ["-m", "overlay.fuzz", "--minutes", "1"] and second[-1:] == ["--help"]
+    assert first_env[testrun.TEST_RELEASE_ENV] == second_env[testrun.TEST_RELEASE_ENV] == version
+
+
+def test_fuzz_with_upstream_before_it_runs_the_fuzzers_own_help_and_argument_errors():
+    """`python -m overlay.fuzz` for real: its --help, and an argument error before any engine."""
+    version = _a_release()
+    proc = run_tool("--upstream", version, "fuzz", "--help")
+    assert proc.returncode == errors.OK and proc.stdout.startswith("usage: apply.py fuzz"), proc.stderr
+    assert "--minutes" in proc.stdout
+    proc = run_tool("--upstream", version, "fuzz", "--configs", "no-such-config")
+    assert proc.returncode == errors.BAD_INPUT and "unknown configs ['no-such-config']" in proc.stderr, proc.stderr
+
+
+# -- one way to print a command's result --
+
+
+def test_show_prints_the_json_report_alone_with_json_else_each_piece_of_text(capsys):
+    table = Table("column")
+    table.add_row("a cell")
+    called = []
+    pieces = ("a line", table, None, report.stderr("to stderr"), lambda: called.append(True))
+    report.show(argparse.Namespace(json=True), {"ok": True}, *pieces)
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"ok": True} and err == "" and not called
+    report.show(argparse.Namespace(json=False), {"ok": True}, *pieces)
+    out, err = capsys.readouterr()
+    assert out.startswith("a line\n") and "a cell" in out and '"ok"' not in out
+    assert err == "to stderr\n" and called == [True]
+    report.show(argparse.Namespace(), {"ok": True}, "text")  # test and fuzz take no --json
+    assert capsys.readouterr().out == "text\n"
+
+
+def test_every_command_prints_its_result_through_show():
+    """One place chooses between the JSON report and the text: no other module reads --json."""
+    for path in (ROOT / "overlay").rglob("*.py"):
+        if path != ROOT / "overlay" / "report.py":
+            source = path.read_text()
+            assert "args.json" not in source and "emit_json(" not in source, path

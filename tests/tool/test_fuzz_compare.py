@@ -1,6 +1,8 @@
-"""The fuzzer's logprob comparison (tests/support/fuzz.py), without engines."""
+"""The fuzzer's comparison (overlay/fuzz/compare.py), without engines."""
 
-from support.fuzz import _logprob_problems
+from overlay.fuzz import compare
+from overlay.fuzz.compare import _logprob_problems, compare_request
+from overlay.fuzz.configs import CONFIGS
 
 # One position, logprobs=2: (token id, logprob, rank) per entry, as the harness records rows.
 ROW = [[224, -0.16894254088401794, 1], [205, -3.0856964588165283, 2]]
@@ -50,9 +52,7 @@ def test_tokens_tied_with_the_sampled_one_may_rank_in_any_order():
 def test_with_the_drafter_in_the_oracle_seeded_requests_with_drafts_are_compared_exactly(monkeypatch):
     """`fuzz --oracle-drafts`: the oracle drafts as the overlay does, so a drafter configuration's
     seeded random request must match token for token; without it only greedy ones can."""
-    from support import fuzz
-
-    config = fuzz.CONFIGS["eagle-N8"]
+    config = CONFIGS["eagle-N8"]
     request = {"params": {"temperature": 0.8, "seed": 3, "max_tokens": 4}}
 
     def result(token_ids: list[int]) -> dict:
@@ -60,9 +60,9 @@ def test_with_the_drafter_in_the_oracle_seeded_requests_with_drafts_are_compared
         return {"aborted": False, "finished": True, "prompt_logprobs": None, "outputs": [out]}
 
     ours, theirs = result([5, 6]), result([5, 7])
-    assert fuzz.compare_request(config, request, ours, theirs)[0] == "structural"
-    monkeypatch.setattr(fuzz, "ORACLE_DRAFTS", True)
-    kind, problems = fuzz.compare_request(config, request, ours, theirs)
+    assert compare_request(config, request, ours, theirs)[0] == "structural"
+    monkeypatch.setattr(compare, "ORACLE_DRAFTS", True)
+    kind, problems = compare_request(config, request, ours, theirs)
     assert kind == "exact" and problems
 
 
@@ -70,9 +70,7 @@ def test_malformed_prompt_logprobs_of_upstream_are_not_held_against_the_overlay(
     """Found by the long run of 2026-12-04 (0.34.0, EAGLE windows, seed 9300 batch 23): a 1-token
     prompt whose upstream prompt logprobs had 4 rows (the overlay's: 1, as the API defines them).
     The rest of the request is still compared; rows the overlay gets wrong are still a failure."""
-    from support import fuzz
-
-    config = fuzz.CONFIGS["eagle-maxlen96-N4"]
+    config = CONFIGS["eagle-maxlen96-N4"]
     request = {"prompt": [243], "params": {"temperature": 0.0, "max_tokens": 2, "prompt_logprobs": 1}}
 
     def result(prompt_rows: int, token_ids: list[int]) -> dict:
@@ -80,8 +78,8 @@ def test_malformed_prompt_logprobs_of_upstream_are_not_held_against_the_overlay(
         rows = [None] + [[[7, -1.0, 1]]] * (prompt_rows - 1)
         return {"aborted": False, "finished": True, "prompt_logprobs": rows, "outputs": [out]}
 
-    kind, problems = fuzz.compare_request(config, request, result(1, [24, 478]), result(4, [24, 478]))
+    kind, problems = compare_request(config, request, result(1, [24, 478]), result(4, [24, 478]))
     assert (kind, problems) == ("exact, upstream's prompt logprobs malformed", [])
-    assert fuzz.compare_request(config, request, result(1, [24, 479]), result(4, [24, 478]))[1]
-    assert fuzz.compare_request(config, request, result(4, [24, 478]), result(1, [24, 478]))[1]
-    assert fuzz.compare_request(config, request, result(1, [24, 478]), result(1, [24, 478])) == ("exact", [])
+    assert compare_request(config, request, result(1, [24, 479]), result(4, [24, 478]))[1]
+    assert compare_request(config, request, result(4, [24, 478]), result(1, [24, 478]))[1]
+    assert compare_request(config, request, result(1, [24, 478]), result(1, [24, 478])) == ("exact", [])
