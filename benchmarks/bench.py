@@ -9,7 +9,7 @@ round one generate() of each in turn). Each writes one result file in the schema
 benchmarks/harness/results.py: --json PATH, or benchmarks/results/<kind>_<date>.json.
 
   offline       multi-step decode offline (vllm.LLM): upstream against overlay N = 1, 2, 4, 8,
-                the forward-only limit measured every round
+                the forward-only and forward+sample limits measured every round
                   .tool-venv/bin/python benchmarks/bench.py offline --model tiny --rounds 3 --plot out.png
   serve         through `vllm serve`: `vllm bench serve` against each build's server in turn
                   .tool-venv/bin/python benchmarks/bench.py serve --rounds 3 --overlay-args="--num-scheduler-steps 8"
@@ -17,7 +17,8 @@ benchmarks/harness/results.py: --json PATH, or benchmarks/results/<kind>_<date>.
                   .tool-venv/bin/python benchmarks/bench.py spec --drafter self --rounds 2
   profile       py-spy: where the worker's (or engine core's) wall time goes during offline decode
                   .tool-venv/bin/python benchmarks/bench.py profile --kwargs '{"num_scheduler_steps": 8}'
-  forward-only  the forward-only limit alone: the decode forward timed in-process on one core
+  forward-only  the forward-only and forward+sample limits alone: the decode forward, and the
+                forward plus upstream's logits and sampler, timed in-process on one core
                   .tool-venv/bin/python benchmarks/bench.py forward-only --model tiny --rounds 3
   build         the tool's own times (build warm and cold, apply, check, export) with pytest-benchmark
                   .tool-venv/bin/python benchmarks/bench.py build --min-rounds 3

@@ -6,7 +6,14 @@ Prints one line "RESULT {json}". Throughput: BATCH prompts of 32 token ids,
 OUT_LEN tokens each (ignore_eos, greedy), best and median output tokens/s of
 REPS runs after a warm-up. --forward-only runs the engine in-process and times
 the model's forward passes of full-batch decode steps alone: BATCH / that time
-is the physical limit no scheduling can beat. It runs the forward as the served
+is the physical limit no scheduling can beat. The same steps also give the
+forward+sample limit: BATCH / (the forward's time + the time of upstream's
+sampling of the same step, the logits and the sampler as the runner calls them,
+added up per step: forward_hooks.py `StepTimes`), the floor of a decode loop that
+keeps upstream's sampling. Both are medians over the steps (fields forward_ms,
+forward_limit, forward_sample_ms, forward_sample_limit; sampling_ms the sampling
+alone; forward_steps and forward_sample_steps how many steps each is of; the
+forward+sample fields null where no step's sampling was timed). It runs the forward as the served
 worker does: one torch thread on one core (the multiprocess CPU worker binds
 itself so; in-process the engine would otherwise keep every core), which the
 caller sets with OMP_NUM_THREADS=1 and this script with the CPU affinity.
@@ -39,21 +46,7 @@ from pathlib import Path
 def main() -> None:
     model, kwargs = sys.argv[1], json.loads(sys.argv[2])
     batches, (out_len, reps) = [int(b) for b in sys.argv[3].split(",")], map(int, sys.argv[4:6])
-    forward_only = "--forward-only" in sys.argv
-    forward_times: dict[int, list[float]] = {b: [] for b in batches}
-    if forward_only:
-        import forward_hooks
-        import torch
-
-        sync = torch.cuda.synchronize if torch.cuda.is_available() else None
-        if not torch.cuda.is_available():
-            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-
-        def record(rows: int, seconds: float) -> None:
-            if rows in forward_times:
-                forward_times[rows].append(seconds)
-
-        forward_hooks.time_forwards(record, sync)
+    steps = _time_steps(batches) if "--forward-only" in sys.argv else None
     if "--worker-forward" in sys.argv and len(batches) > 1:
         sys.exit("--worker-forward times one batch size (its forwards are told apart by their rows only)")
     timer_dir = _time_worker_forward(batches[0]) if "--worker-forward" in sys.argv else None
@@ -64,12 +57,11 @@ def main() -> None:
               | ({"disable_log_stats": False} if spec else {}))  # fmt: skip
     decode_phase = "--decode-phase" in sys.argv
     if "--serve" in sys.argv:
-        _serve(llm, batches[0], out_len, forward_times[batches[0]] if forward_only else None, decode_phase)
+        _serve(llm, batches[0], out_len, steps, decode_phase)
         return
     results = {}
     for batch in batches:
-        results[batch] = _measure(llm, batch, out_len, reps, forward_times[batch] if forward_only else None,
-                                  decode_phase)  # fmt: skip
+        results[batch] = _measure(llm, batch, out_len, reps, steps, decode_phase)
         if spec:
             results[batch]["acceptance_length"] = _acceptance_length(llm)
     if timer_dir is not None:
@@ -82,22 +74,22 @@ def main() -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def _measure(llm, batch: int, out_len: int, reps: int, forward_times: list[float] | None,
-             decode_phase: bool) -> dict:  # fmt: skip
-    """Output tokens/s of REPS runs of BATCH prompts after a warm-up; with forward_times, the forward's limit."""
-    timed = _timed_generate(llm, batch, out_len, forward_times, decode_phase)
+def _measure(llm, batch: int, out_len: int, reps: int, steps, decode_phase: bool) -> dict:
+    """Output tokens/s of REPS runs of BATCH prompts after a warm-up; with steps (forward_hooks.StepTimes),
+    the limits of the last run's steps."""
+    timed = _timed_generate(llm, batch, out_len, steps, decode_phase)
     rates, decode_rates = [], []
     for _ in range(reps):
         rate, decode_rate = timed()
         rates.append(rate)
         decode_rates.append(decode_rate)
     decode = {"decode_median": statistics.median(decode_rates)} if None not in decode_rates else {}
-    return {"best": max(rates), "median": statistics.median(rates)} | decode | _forward_limit(batch, forward_times)
+    return {"best": max(rates), "median": statistics.median(rates)} | decode | _limits(batch, steps)
 
 
-def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None, decode_phase: bool) -> None:
+def _serve(llm, batch: int, out_len: int, steps, decode_phase: bool) -> None:
     """One timed generate() per "run" line on stdin, after a full-length warm-up (see the docstring)."""
-    timed = _timed_generate(llm, batch, out_len, forward_times, decode_phase)
+    timed = _timed_generate(llm, batch, out_len, steps, decode_phase)
     timed()  # untimed: the first full-length call is slower than the rest
     print("READY", flush=True)
     for line in sys.stdin:
@@ -105,19 +97,18 @@ def _serve(llm, batch: int, out_len: int, forward_times: list[float] | None, dec
             sys.exit(f"offline_worker.py --serve: unknown command {line.strip()!r} (expected 'run')")
         rate, decode_rate = timed()
         decode = {"decode_median": decode_rate} if decode_rate is not None else {}
-        print("RATE " + json.dumps({"best": rate, "median": rate} | decode | _forward_limit(batch, forward_times)),
-              flush=True)  # fmt: skip
+        print("RATE " + json.dumps({"best": rate, "median": rate} | decode | _limits(batch, steps)), flush=True)
 
 
 # The shorter call the decode phase is measured against: tokens per request.
 SHORT_LEN = 16
 
 
-def _timed_generate(llm, batch: int, out_len: int, forward_times: list[float] | None, decode_phase: bool):
+def _timed_generate(llm, batch: int, out_len: int, steps, decode_phase: bool):
     """After a short warm-up, a function that times one generate() of BATCH prompts of OUT_LEN
     tokens each (greedy, ignore_eos): its output tokens/s, and with decode_phase the decode
-    phase's alone (else None). With forward_times, it holds the forwards of that one full call
-    when the function returns.
+    phase's alone (else None). With steps (forward_hooks.StepTimes), it holds the steps of that
+    one full call when the function returns.
 
     The decode phase's tok/s is the difference of two calls with the same prompts: the same
     prompts for SHORT_LEN tokens each are timed first, and the tokens the full call adds per
@@ -139,8 +130,8 @@ def _timed_generate(llm, batch: int, out_len: int, forward_times: list[float] | 
             start = time.perf_counter()
             llm.generate(prompts, short, use_tqdm=False)
             short_elapsed = time.perf_counter() - start
-        if forward_times is not None:  # the full call's forwards only, not the short call's
-            forward_times.clear()
+        if steps is not None:  # the full call's steps only, not the short call's
+            steps.clear(batch)
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
@@ -152,15 +143,35 @@ def _timed_generate(llm, batch: int, out_len: int, forward_times: list[float] | 
     return timed
 
 
-def _forward_limit(batch: int, forward_times: list[float] | None) -> dict:
-    """The forward-only fields of a result (none without forward_times)."""
-    if forward_times is None:
+def _time_steps(batches: list[int]):
+    """Time every forward, and the sampling after it, of the in-process engine (forward_hooks.StepTimes),
+    on one core (CPU) or between device synchronizations (CUDA)."""
+    import forward_hooks
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    return forward_hooks.time_steps(batches, sync)
+
+
+def _limits(batch: int, steps) -> dict:
+    """The limits' fields of a result (none without steps): the medians over the full-batch decode
+    steps of the forward, of the forward + sampling and of the sampling alone, the limits they
+    give (BATCH / that time) and how many steps each median is of."""
+    if steps is None:
         return {}
     import torch
 
+    forward, both, sampling = steps.forward[batch], steps.forward_sample[batch], steps.sampling[batch]
     return {
-        "forward_ms": statistics.median(forward_times) * 1000,
-        "forward_limit": batch / statistics.median(forward_times),
+        "forward_ms": statistics.median(forward) * 1000,
+        "forward_limit": batch / statistics.median(forward),
+        "forward_sample_ms": statistics.median(both) * 1000 if both else None,
+        "forward_sample_limit": batch / statistics.median(both) if both else None,
+        "sampling_ms": statistics.median(sampling) * 1000 if sampling else None,
+        "forward_steps": len(forward),
+        "forward_sample_steps": len(both),
         "forward_threads": torch.get_num_threads(),
         "forward_cores": sorted(os.sched_getaffinity(0)),
     }

@@ -6,7 +6,10 @@ the same locally built model: BATCH prompts decoding OUT_LEN tokens each
 gives median output tokens/s per configuration, the ratio to upstream, and the
 forward-only limit (the model's decode forward alone on the same batch, timed
 in-process, once per round: see `bench.py forward-only`), with each
-configuration's distance from it, and the decode phase's own ratio (the
+configuration's distance from it, and beside it the forward+sample limit of the
+same in-process steps (the forward plus upstream's logits and sampler: the floor
+of a window that keeps upstream's sampling) and the distance from that, and the
+decode phase's own ratio (the
 tokens each timed call adds to a 16-token call of the same prompts, timed just
 before it, over the time it adds: offline_worker.py). --worker-forward also times the forward
 inside each configuration's served worker (see benchmarks/worker_forward_timer)
@@ -50,17 +53,20 @@ def config_name(n: int) -> str:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Medians per configuration, ratios to upstream (of medians and per round), the forward-only limit.
+    """Medians per configuration, ratios to upstream (of medians and per round), the limits.
 
     ``runs``: {"round", "config", "median" (tok/s), ...} per engine run; the configuration
-    forward_only.CONFIG holds the forward-only measurements ("forward_limit", tok/s). Other
-    forward-only configurations (a superseded measurement) are kept in the runs, left out here.
+    forward_only.CONFIG holds the in-process measurements ("forward_limit", tok/s, and since the
+    forward+sample limit "forward_sample_limit": forward_only.summarize). Other forward-only
+    configurations (a superseded measurement) are kept in the runs, left out here. "limit_over"
+    is each configuration's distance from the forward-only limit, "forward_sample_limit_over" from
+    the forward+sample limit (only where the runs measured it).
     """
     configs = list(dict.fromkeys(r["config"] for r in runs if not r["config"].startswith(forward_only.CONFIG)))
     med = {c: statistics.median(r["median"] for r in runs if r["config"] == c) for c in configs}
     by_round = {(r["round"], r["config"]): r["median"] for r in runs if r["config"] in med}
-    limits = [r["forward_limit"] for r in runs if r["config"] == forward_only.CONFIG]
-    limit = statistics.median(limits) if limits else None
+    limits = forward_only.summarize(runs)
+    limit = limits.get("forward_limit")
     per_round = {c: [] for c in configs}
     for (rnd, c), v in by_round.items():
         if (rnd, UPSTREAM) in by_round:
@@ -72,6 +78,9 @@ def summarize(runs: list[dict]) -> dict:
         "forward_limit": limit,
         "limit_over": {c: limit / v for c, v in med.items()} if limit else {},
     }
+    if "forward_sample_limit" in limits:
+        sample_limit = summary["forward_sample_limit"] = limits["forward_sample_limit"]
+        summary["forward_sample_limit_over"] = {c: sample_limit / v for c, v in med.items()}
     forward = {c: [r["worker_forward_ms"] for r in runs if r["config"] == c and r.get("worker_forward_ms")]
                for c in configs}  # fmt: skip
     if any(forward.values()):
@@ -81,9 +90,9 @@ def summarize(runs: list[dict]) -> dict:
         decode_med = {c: statistics.median(v) for c, v in decode.items()}
         summary["decode_median_tok_s"] = decode_med
         summary["decode_vs_upstream"] = {c: v / decode_med[UPSTREAM] for c, v in decode_med.items()}
-    in_process = [r["forward_ms"] for r in runs if r["config"] == forward_only.CONFIG and "forward_ms" in r]
-    if in_process:
-        summary["forward_ms"] = statistics.median(in_process)
+    for ms in ("forward_ms", "forward_sample_ms"):  # in-process, a step's
+        if ms in limits:
+            summary[ms] = limits[ms]
     return summary
 
 
@@ -124,32 +133,45 @@ def main(args) -> int:
     measure = _interleaved if args.interleave else _one_engine_each
     runs = measure(configs, pythons[builds.UPSTREAM], model, args)
     summary = summarize(runs)
-    med, limit = summary["median_tok_s"], summary["forward_limit"]
     print(f"\nmodel={args.model} batch={args.batch} out_len={args.out_len} rounds={args.rounds} "
           f"async={'off' if args.no_async else 'on'} (overlay)")  # fmt: skip
-    decode = summary.get("decode_vs_upstream", {})
-    print(f"{'config':16} {'tok/s':>9} {'vs upstream':>12} {'limit/this':>11}"
-          + (f" {'decode phase':>13}" if decode else "")
-          + (f" {'worker fwd ms':>14} {'fwd share':>10}" if args.worker_forward else ""))  # fmt: skip
-    for name, value in med.items():
-        row = f"{name:16} {value:9.0f} {value / med[UPSTREAM]:11.2f}x {limit / value:10.2f}x"
-        if decode:
-            row += f" {decode[name]:12.2f}x"
-        if args.worker_forward:
-            forward_ms = summary.get("worker_forward_ms", {}).get(name, float("nan"))
-            # A decode step's wall time at this throughput: BATCH tokens.
-            row += f" {forward_ms:14.3f} {forward_ms / (1000 * args.batch / value):9.0%}"
-        print(row)
-    row = f"{'forward-only':16} {limit:9.0f} {limit / med[UPSTREAM]:11.2f}x {1:10.2f}x"
-    if args.worker_forward:  # in-process: the physical limit's own forward
-        row += f" {summary['forward_ms']:14.3f} {1:9.0%}"
-    print(row)
+    print("\n".join(report_lines(summary, batch=args.batch, worker_forward=args.worker_forward)))
     data = results.make("offline", arguments=results.arguments(args), runs=runs, summary=summary,
                         python=pythons[builds.OVERLAY])  # fmt: skip
     results.write(data, args.json)
     if args.plot:
         plot(data, args.plot)
     return 0
+
+
+# Each limit's column in the report: the distance of a row's tok/s from it.
+LIMIT_COLUMNS = {forward_only.CONFIG: "limit/this", forward_only.SAMPLE_CONFIG: "fwd+smp limit/this"}
+
+
+def report_lines(summary: dict, *, batch: int, worker_forward: bool = False) -> list[str]:
+    """The report's table: a header, then a row per configuration and per limit, a limit's column
+    and row only where the summary has it (the forward+sample limit: not in results from before it)."""
+    med = summary["median_tok_s"]
+    limits = {name: summary[rate] for name, (rate, _) in forward_only.LIMITS.items() if summary.get(rate)}
+    decode = summary.get("decode_vs_upstream", {})
+    header = f"{'config':16} {'tok/s':>9} {'vs upstream':>12}"
+    header += "".join(f" {LIMIT_COLUMNS[name]:>{max(11, len(LIMIT_COLUMNS[name]) + 1)}}" for name in limits)
+    header += f" {'decode phase':>13}" if decode else ""
+    header += f" {'worker fwd ms':>14} {'fwd share':>10}" if worker_forward else ""
+    lines = [header]
+    for name, value in (med | limits).items():
+        row = f"{name:16} {value:9.0f} {value / med[UPSTREAM]:11.2f}x"
+        row += "".join(f" {limit / value:{max(10, len(LIMIT_COLUMNS[n]))}.2f}x" for n, limit in limits.items())
+        if decode:
+            row += f" {decode[name]:12.2f}x" if name in decode else f" {'':13}"
+        if worker_forward:  # the limits' forward is the in-process one
+            in_limit = name in forward_only.LIMITS
+            forward_ms = summary.get("forward_ms") if in_limit else summary.get("worker_forward_ms", {}).get(name)
+            forward_ms = float("nan") if forward_ms is None else forward_ms
+            # A decode step's wall time at this throughput: BATCH tokens.
+            row += f" {forward_ms:14.3f} {forward_ms / (1000 * batch / value):9.0%}"
+        lines.append(row.rstrip())
+    return lines
 
 
 def _one_engine_each(configs: dict, upstream: Path, model: Path, args) -> list[dict]:
@@ -198,7 +220,8 @@ def _interleaved(configs: dict, upstream: Path, model: Path, args) -> list[dict]
 
 
 def plot(result: dict, out: Path) -> None:
-    """PNG of an offline result: tokens/s of each overlay N, upstream's and the forward-only limit as lines."""
+    """PNG of an offline result: tokens/s of each overlay N, upstream's and the limits as lines (the
+    forward+sample limit where the result has it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,6 +235,8 @@ def plot(result: dict, out: Path) -> None:
     version = result["upstream"]["version"] or ""
     ax.axhline(med[UPSTREAM], color="gray", linestyle="--", label=f"upstream vLLM {version}".strip())
     ax.axhline(limit, color="black", linestyle=":", label="forward-only limit")
+    if summary.get("forward_sample_limit"):
+        ax.axhline(summary["forward_sample_limit"], color="black", linestyle="-.", label="forward+sample limit")
     ax.set_xscale("log", base=2)
     ax.set_xticks(steps, [str(n) for n in steps])
     ax.set_xlabel("--num-scheduler-steps N")

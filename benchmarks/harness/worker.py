@@ -2,7 +2,8 @@
 
 offline_worker.py (beside bench.py, run by the venv's own python, as is
 benchmarks/worker_forward_timer/) measures `vllm.LLM` decode throughput, or with
-forward_only the model's forward alone; see its docstring. The GPU check
+forward_only the decode steps' forward alone and with upstream's sampling (the
+forward-only and forward+sample limits); see its docstring. The GPU check
 (benchmarks/gpu/device_check.py) runs the same file.
 """
 
