@@ -2,13 +2,13 @@
 
 Usage (the build's venv python): python benchmarks/step_pieces.py MODEL N BATCH OUT_LEN [--no-first-step-reuse]
 e.g. build/venvs/overlay-0.34.0/bin/python benchmarks/step_pieces.py build/models/bench-tiny 8 32 128
-A/B of a window's step 1 on the kept batch (StandaloneInnerStep.execute_first) against the runner's
+A/B of a window's step 1 on the kept batch (KeptBatchInnerSteps.execute_first) against the runner's
 own step 1, ROUNDS alternating runs of each, each in its own process:
   ... step_pieces.py MODEL N BATCH OUT_LEN --ab ROUNDS --json FILE
 
 The engine core and the worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), on one
 core with one torch thread, as the served worker runs its forward. Each listed function of the
-runner, the sampler, the window (vllm/v1/worker/decode_window.py, standalone_inner_step.py) and
+runner, the sampler, the window (vllm/v1/worker/gpu/multi_step/: window.py, kept_batch.py) and
 the scheduler is wrapped with a timer for three generate() calls of BATCH greedy requests after a
 warm-up, and the table gives calls, time per call and time per decode step (totals are
 inclusive: a piece's callees are in it too). The sum is the whole engine's, scheduler and output
@@ -42,10 +42,12 @@ PIECES = {
     "type(runner.model)": ["forward"],
     "type(runner.sampler)": ["__call__", "sample", "apply_sampling_params", "get_logprobs_dims"],
     "sampler_module": ["get_num_sampled_and_rejected", "gumbel_sample"],
-    "window": ["sample_tokens", "first_step", "_run_window", "_sample_inner_step", "_advance", "_advance_plain"],
+    "window": ["sample_tokens", "first_step", "_run_window"],
     "window_module": ["merge_step_outputs"],
-    "inner": ["execute", "execute_first", "_forward", "_attention_inputs"],
-    "inner_module": ["prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "_refresh_cpu_attention"],
+    "requests": ["advance", "next_step"],
+    "inner": ["execute", "execute_first", "sample", "_execute_kept", "_forward", "_attention_inputs", "_sample"],
+    "inner_module": ["prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "_refresh_cpu_attention",
+                     "sample_inner_step"],
     "scheduler": ["schedule", "update_from_output"],
 }  # fmt: skip
 
@@ -123,15 +125,13 @@ def main() -> None:
     model, steps, batch, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import vllm.v1.worker.cpu.sampler as sampler_module
-    import vllm.v1.worker.decode_window as window_module
+    import vllm.v1.worker.gpu.multi_step.kept_batch as inner_module
+    import vllm.v1.worker.gpu.multi_step.window as window_module
+    import vllm.v1.worker.gpu.multi_step.window_requests as requests_module
     from vllm import LLM, SamplingParams
 
-    try:
-        import vllm.v1.worker.standalone_inner_step as inner_module
-    except ImportError:
-        inner_module = None
     if "--no-first-step-reuse" in sys.argv:  # every window's step 1 through the runner's execute_model
-        inner_module.StandaloneInnerStep.execute_first = lambda self, scheduler_output: False
+        inner_module.KeptBatchInnerSteps._execute_first = lambda self, scheduler_output: False
     llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0,
               **({"num_scheduler_steps": steps} if steps > 1 else {}))  # fmt: skip
     core = llm.llm_engine.engine_core.engine_core
@@ -145,9 +145,10 @@ def main() -> None:
         "type(runner.model)": type(runner.model),
         "type(runner.sampler)": type(runner.sampler),
         "sampler_module": sampler_module,
-        "window": window_module.DecodeWindowRunner,
+        "window": window_module.ModelRunnerV2Windows,
         "window_module": window_module,
-        "inner": getattr(inner_module, "StandaloneInnerStep", None),
+        "requests": requests_module.PlainRequests,
+        "inner": inner_module.KeptBatchInnerSteps,
         "inner_module": inner_module,
         "scheduler": core.scheduler,
     }

@@ -73,11 +73,11 @@ WINDOW_PATHS = re.compile(
 def test_both_window_paths_ran(parity_run, engine, steps, async_mode):
     """The runs compared above went through both paths of a window's inner steps.
 
-    Inner steps run on the device (vllm/v1/worker/multi_step_device.py) unless
+    Inner steps run on the device (vllm/v1/worker/model_runner_v1_multi_step/device_window.py) unless
     the batch needs what that loop does not cover; the Llama engine's bad-words
     case (and the fuzz slice's batches with bad_words, run on the same engine)
     takes the step-by-step path, whose unchanged batches run as lean steps
-    (multi_step_lean.py). The worker counts windows per path and logs the counts
+    (lean_step.py). The worker counts windows per path and logs the counts
     at 1, 2, 4, ... windows, and each step-by-step reason when first seen, so
     the parity of these runs with upstream is the parity of both paths.
     """
@@ -95,33 +95,34 @@ def test_both_window_paths_ran(parity_run, engine, steps, async_mode):
 
 
 MRV2_WINDOWS = re.compile(
-    r"Multi-step decode on Model Runner V2 \((\w+)\): (\d+) windows, ([\d.]+) steps per window, "
-    r"(\d+)% of inner steps and (\d+)% of first steps on the batch of the step before, "
-    r"(\d+)% of steps sampled without the sampler's per-step bookkeeping"
+    r"Multi-step decode on Model Runner V2 \((\w+), (\w+)\): (\d+) windows, ([\d.]+) steps per window"
+    r"(?:; (\d+)% of inner steps and (\d+)% of first steps on the batch of the step before, "
+    r"(\d+)% of steps sampled without the sampler's per-step bookkeeping)?"
 )
 
 
 @pytest.mark.parametrize("engine, steps, async_mode", MULTI_STEP_RUNS)
 def test_mrv2_windows_ran(parity_run, engine, steps, async_mode):
     """On Model Runner V2 the runs compared above ran windows on the runner vLLM picked, with
-    several inner steps each (the log names the runner and the windows' mean length)."""
+    several inner steps each (the log names the runner, the kind of inner step and the windows'
+    mean length)."""
     if windows_runner() != "mrv2":
         pytest.skip("windows run on Model Runner V1 here (test_both_window_paths_ran)")
     log = parity_run("overlay", engine, async_mode, steps)["engine_log"]
     found = MRV2_WINDOWS.findall(log)
     assert found, log[-3000:]
-    runner, windows, mean, reused, first_reused, plain = found[-1]
-    assert runner in ("StandaloneCPUModelRunner", "CPUModelRunner"), found
+    runner, kind, windows, mean, reused, first_reused, plain = found[-1]
     assert int(windows) >= 8 and float(mean) > 2, found
     # The standalone runner's steps reuse the step before's batch while its requests are the
-    # same (vllm/v1/worker/standalone_inner_step.py): inner steps, and a window's step 1 where
-    # the window before ran the same decoding requests; and sample the steps of requests that
-    # want no logprobs (most of the cases compared) with the sampler's `sample` alone. The GPU
-    # runner's steps do neither.
+    # same (vllm/v1/worker/gpu/multi_step/kept_batch.py): inner steps, and a window's step 1
+    # where the window before ran the same decoding requests; and sample the steps of requests
+    # that want no logprobs (most of the cases compared) with the sampler's `sample` alone. The
+    # GPU runner's steps are the runner's own pieces.
     if runner == "StandaloneCPUModelRunner":
+        assert kind == "KeptBatchInnerSteps", found
         assert int(reused) >= 50 and int(first_reused) >= 10 and int(plain) >= 50, found
     else:
-        assert int(reused) == int(first_reused) == int(plain) == 0, found
+        assert (runner, kind, reused) == ("CPUModelRunner", "RunnerInnerSteps", ""), found
 
 
 def test_structured_output_runs_one_step_per_schedule(parity_run):

@@ -1,7 +1,7 @@
 """Multi-step decode's options on Model Runner V2 (vLLM 0.34.0 on): what windows there run,
 and what they refuse at startup, with the reason, before a model loads.
 
-Windows on Model Runner V2 (vllm/v1/worker/decode_window.py, patch 0011) take the option and
+Windows on Model Runner V2 (vllm/v1/worker/gpu/multi_step/, patch 0011) take the option and
 its alias; what they do not run yet is refused by name: sampling masks (a per-step output the
 merge does not carry). Drafts meet upstream's own answer: this base's standalone CPU runner has no
 drafters, with windows or without (windows with drafts, and the drafts they refuse, are

@@ -9,7 +9,7 @@ Triton's interpreter, so the overlay's patches meet the runner GPU users run. Sl
 decode step): a few cases, short outputs, one engine start per build. The oracle is the unpatched
 release on the same base (async scheduling off, upstream's CPU default); the overlay runs its CPU
 default, async on, once with single steps and once with multi-step windows (N = 8: every inner
-step is GPUModelRunner's own execute_model + sample_tokens, vllm/v1/worker/decode_window.py).
+step is GPUModelRunner's own execute_model + sample_tokens, vllm/v1/worker/gpu/multi_step/).
 """
 
 from __future__ import annotations
@@ -72,5 +72,5 @@ def test_windows_match_upstream_on_model_runner_v2(mrv2_runs):
     assert ours["async_scheduling"] is True
     assert_same_outputs(ours, theirs, cases=MRV2_CASES)
     log = mrv2_runs[f"{WINDOWED}_log"]
-    windows = re.findall(r"Multi-step decode on Model Runner V2 \((\w+)\): (\d+) windows, ([\d.]+) steps", log)
+    windows = re.findall(r"Multi-step decode on Model Runner V2 \((\w+), \w+\): (\d+) windows, ([\d.]+) steps", log)
     assert windows and windows[-1][0] == RUNNER and float(windows[-1][2]) > 2, windows or log[-3000:]

@@ -87,7 +87,7 @@ SPEC_CASES = [
     {"prompts": PROMPTS, "params": {**CASES["logprobs"], "prompt_logprobs": None}},  # rows per accepted token
 ]
 # Outputs past the first KV block (128 tokens on CPU): a window's step 1 brings new blocks
-# for a batch that is otherwise the window before's (vllm/v1/worker/standalone_inner_step.py
+# for a batch that is otherwise the window before's (vllm/v1/worker/gpu/multi_step/kept_batch.py
 # gathers the block tables again then).
 PAST_A_BLOCK_CASE = {"prompts": PROMPTS, "params": {**CASES["greedy"], "max_tokens": 136}}
 # name: (model, extra LLM kwargs, cases). One engine start runs every case of an

@@ -131,7 +131,10 @@ def release_under_test():
 
 # Our modules that run a window's steps, per runner (contract.toml [families]): a release's
 # tree takes the one whose runner it has; where it takes neither, it has no multi-step windows.
-WINDOW_MODULES = {"v1": "vllm/v1/worker/multi_step.py", "mrv2": "vllm/v1/worker/decode_window.py"}
+WINDOW_MODULES = {
+    "v1": "vllm/v1/worker/model_runner_v1_multi_step/window.py",
+    "mrv2": "vllm/v1/worker/gpu/multi_step/window.py",
+}
 
 
 @functools.cache

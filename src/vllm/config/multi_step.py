@@ -20,9 +20,15 @@ logger = init_logger(__name__)
 
 # The spelling of the option in the V1 multi-step proposal, kept as an alias.
 ADDITIONAL_CONFIG_KEY = "multi_step"
-# Inner steps on the device (vllm/v1/worker/multi_step_device.py): on unless
-# this additional_config key is false (then every window runs step by step).
+# Inner steps on the device (Model Runner V1:
+# vllm/v1/worker/model_runner_v1_multi_step/device_window.py): on unless this
+# additional_config key is false (then every window runs step by step). On
+# Model Runner V2 it is read as BATCH_REUSE_KEY where that is not given.
 DEVICE_WINDOW_KEY = "multi_step_device_window"
+# Model Runner V2: a window's steps on StandaloneCPUModelRunner's kept batch
+# (vllm/v1/worker/gpu/multi_step/kept_batch.py): on unless this key is false
+# (then the runner's execute_model builds every step's batch).
+BATCH_REUSE_KEY = "multi_step_batch_reuse"
 # How many inner steps the device loop runs between looks at its alive mask.
 # On a CPU a look reads a host tensor (no sync: a few microseconds a step, so
 # every step); on an accelerator it is a host sync, so every 8 steps, the
@@ -30,13 +36,14 @@ DEVICE_WINDOW_KEY = "multi_step_device_window"
 STOP_CHECK_KEY = "multi_step_stop_check_interval"
 DEFAULT_STOP_CHECK_INTERVAL = {"cpu": 1}
 DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR = 8
-# The runner the V1 worker side of multi-step decode (vllm/v1/worker/multi_step*.py)
-# drives. Where vLLM has no such runner (0.34.0 removed it), windows run on Model
-# Runner V2 (vllm/v1/worker/decode_window.py), the only runner there.
+# The runner the V1 worker side of multi-step decode
+# (vllm/v1/worker/model_runner_v1_multi_step/) drives. Where vLLM has no such
+# runner (0.34.0 removed it), windows run on Model Runner V2 (vllm/v1/worker/gpu/multi_step/), the only runner there.
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # Drafters whose inner-step drafts the window can feed back exactly
-# (vllm/v1/worker/multi_step_spec.py on Model Runner V1, decode_window.py on
-# Model Runner V2); the others are untested in windows.
+# (vllm/v1/worker/model_runner_v1_multi_step/ on Model Runner V1,
+# vllm/v1/worker/gpu/multi_step/ on Model Runner V2); the others are untested
+# in windows.
 # EAGLE heads and MTP layers share one proposer; EAGLE-3 (auxiliary hidden
 # states), suffix and ngram_gpu are untested in windows, so they stay refused.
 SPEC_METHODS_IN_WINDOWS = ("ngram", "draft_model", "eagle", "mtp")
@@ -63,20 +70,36 @@ def multi_step_requested(vllm_config: "VllmConfig") -> bool:
     return max(vllm_config.scheduler_config.num_scheduler_steps, alias) > 1
 
 
+def _bool_option(additional: dict, key: str) -> bool:
+    value = additional.get(key, True)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"additional_config['{key}'] must be true or false, got {value!r}."
+        )
+    return value
+
+
+def _additional(vllm_config: "VllmConfig") -> dict:
+    additional = vllm_config.additional_config
+    return additional if isinstance(additional, dict) else {}
+
+
+def batch_reuse_enabled(vllm_config: "VllmConfig") -> bool:
+    """Whether Model Runner V2 windows may keep the step before's batch
+    (BATCH_REUSE_KEY, else its alias DEVICE_WINDOW_KEY). Raises ValueError
+    naming the key for a value of the wrong type."""
+    additional = _additional(vllm_config)
+    key = BATCH_REUSE_KEY if BATCH_REUSE_KEY in additional else DEVICE_WINDOW_KEY
+    return _bool_option(additional, key)
+
+
 def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
     """Whether inner steps may run on the device, and the stop-check interval.
 
     Raises ValueError naming the key for a value of the wrong type.
     """
-    additional = vllm_config.additional_config
-    if not isinstance(additional, dict):
-        additional = {}
-    enabled = additional.get(DEVICE_WINDOW_KEY, True)
-    if not isinstance(enabled, bool):
-        raise ValueError(
-            f"additional_config['{DEVICE_WINDOW_KEY}'] must be true or false, "
-            f"got {enabled!r}."
-        )
+    additional = _additional(vllm_config)
+    enabled = _bool_option(additional, DEVICE_WINDOW_KEY)
     device_type = vllm_config.device_config.device_type
     interval = additional.get(
         STOP_CHECK_KEY,
@@ -143,7 +166,7 @@ def _v1_runner_reasons(vllm_config: "VllmConfig") -> list[str]:
 
 
 def _model_runner_v2_reasons(vllm_config: "VllmConfig") -> list[str]:
-    """What windows on Model Runner V2 (vllm/v1/worker/decode_window.py) do not
+    """What windows on Model Runner V2 (vllm/v1/worker/gpu/multi_step/) do not
     run yet: each is per-step state the window has not been checked against."""
     reasons = _model_runner_v2_spec_reasons(vllm_config)
     model_config = vllm_config.model_config
@@ -163,7 +186,7 @@ def _model_runner_v2_reasons(vllm_config: "VllmConfig") -> list[str]:
 # SpeculativeConfig fields (vLLM 0.34.0) that windows on Model Runner V2 need at
 # their defaults: each changes a step's drafts or their verification from what
 # was scheduled, and none has run in windows. Checked against SpeculativeConfig
-# by tests/v1/worker/test_decode_window.py.
+# by tests/v1/worker/test_multi_step_window.py.
 SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS = {
     "enable_adaptive_verification": False,  # drafts reallocated on the device
     "num_speculative_tokens_per_batch_size": None,  # k chosen per schedule
@@ -208,7 +231,8 @@ def runner_async_scheduling(vllm_config: "VllmConfig") -> bool:
     Windows with drafts need each step's accepted tokens on the host. Under
     async scheduling the engine still plans step t+1 while step t runs, but
     the runner keeps its synchronous path, and the worker corrects what the
-    scheduler planned optimistically (vllm/v1/worker/multi_step_spec.py).
+    scheduler planned optimistically
+    (vllm/v1/worker/model_runner_v1_multi_step/spec_window.py).
     """
     scheduler_config = vllm_config.scheduler_config
     return bool(scheduler_config.async_scheduling) and not (
@@ -242,7 +266,9 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             + ". Use --num-scheduler-steps 1 for these."
         )
     if not windows_on_v1_runner():
-        _log_model_runner_v2_windows(vllm_config, steps, device_window)
+        _log_model_runner_v2_windows(
+            vllm_config, steps, batch_reuse_enabled(vllm_config)
+        )
         return
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call "
@@ -261,8 +287,15 @@ MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
 
 
 def _log_model_runner_v2_windows(
-    vllm_config: "VllmConfig", steps: int, device_window: bool
+    vllm_config: "VllmConfig", steps: int, batch_reuse: bool
 ) -> None:
+    additional = _additional(vllm_config)
+    if DEVICE_WINDOW_KEY in additional and BATCH_REUSE_KEY not in additional:
+        logger.info(
+            "additional_config['%s'] is read as '%s' on Model Runner V2.",
+            DEVICE_WINDOW_KEY,
+            BATCH_REUSE_KEY,
+        )
     device_type = vllm_config.device_config.device_type
     speculative_config = vllm_config.speculative_config
     if speculative_config is not None:
@@ -270,9 +303,9 @@ def _log_model_runner_v2_windows(
             "the runner's own execute_model and sample_tokens, verifying "
             f"{speculative_config.method} drafts"
         )
-    elif device_type == "cpu" and device_window:
-        # vllm/v1/worker/standalone_inner_step.py; the window's log line says
-        # how many inner steps took it.
+    elif device_type == "cpu" and batch_reuse:
+        # vllm/v1/worker/gpu/multi_step/kept_batch.py; the window's log line
+        # says how many inner steps took it.
         inner = (
             "the step before's batch refreshed by the runner's own pieces on "
             "StandaloneCPUModelRunner (else the runner's execute_model), then "

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The device window's per-step state (vllm/v1/worker/multi_step_device.py).
+"""The device window's per-step state (vllm/v1/worker/model_runner_v1_multi_step/device_window.py).
 
 Engine-level parity with upstream is tested end to end (the overlay's
 tests/real); these pin the pieces whose exactness the engine runs could only
@@ -17,7 +17,7 @@ import torch
 from vllm.model_executor.layers.utils import apply_penalties
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.sample.ops.penalties import apply_all_penalties
-from vllm.v1.worker.multi_step_device import (
+from vllm.v1.worker.model_runner_v1_multi_step.device_window import (
     _Arrays,
     _HostResults,
     _merged_logprobs,

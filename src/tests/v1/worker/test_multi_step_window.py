@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The worker side of multi-step decode on Model Runner V2 (decode_window.py), with a
-stand-in runner: which steps run, which requests leave a window (merging the steps'
-outputs: test_window_output.py)."""
+"""The worker side of multi-step decode on Model Runner V2
+(gpu/multi_step/window.py), with a stand-in runner: which steps run, which
+requests leave a window (merging the steps' outputs: test_window_output.py)."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -18,7 +18,7 @@ from vllm.config.multi_step import (
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from vllm.v1.worker.decode_window import DecodeWindowRunner
+from vllm.v1.worker.gpu.multi_step.window import ModelRunnerV2Windows
 
 EOS = 2
 
@@ -87,7 +87,7 @@ class Worker:
 
 
 class Config:
-    """The settings DecodeWindowRunner reads."""
+    """The settings ModelRunnerV2Windows reads."""
 
     def __init__(self, async_scheduling: bool, num_spec_tokens: int = 0) -> None:
         self.scheduler_config = SimpleNamespace(
@@ -146,7 +146,7 @@ def step(
     return output
 
 
-def run_step(windows: DecodeWindowRunner, scheduler_output: SchedulerOutput):
+def run_step(windows: ModelRunnerV2Windows, scheduler_output: SchedulerOutput):
     first = windows.first_step(scheduler_output)
     windows.model_runner.execute_model(first)
     return windows.sample_tokens(None)
@@ -154,7 +154,7 @@ def run_step(windows: DecodeWindowRunner, scheduler_output: SchedulerOutput):
 
 def make(scripts: dict[str, list], async_scheduling: bool = True, drafts: int = 0):
     runner = ScriptedRunner(scripts)
-    windows = DecodeWindowRunner(Worker(runner), Config(async_scheduling, drafts))
+    windows = ModelRunnerV2Windows(Worker(runner), Config(async_scheduling, drafts))
     # The requests arrive in a single step (their prompts), as the scheduler sends them.
     prompts = step(dict.fromkeys(scripts, 2), 0, [new_request(r) for r in scripts])
     run_step(windows, prompts)

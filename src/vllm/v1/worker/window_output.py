@@ -5,9 +5,10 @@ and its one output.
 
 A window (vllm/v1/core/sched/multi_step.py) runs several decode steps before
 the scheduler sees any of them; the worker sides on Model Runner V1
-(multi_step.py) and on Model Runner V2 (decode_window.py) stop a request at
-the same tokens the scheduler stops it at, and hand the scheduler one output
-with each request's tokens (and logprob rows) of every step, in step order.
+(model_runner_v1_multi_step/) and on Model Runner V2 (gpu/multi_step/) stop a
+request at the same tokens the scheduler stops it at, and hand the scheduler
+one output with each request's tokens (and logprob rows) of every step, in
+step order.
 """
 
 from dataclasses import replace

@@ -33,7 +33,8 @@ Acceptance is counted per inner step, from the counts the worker reports.
 Under async scheduling a window is planned while the previous one runs, from
 that one's optimistic end (every position used), with placeholder drafts; the
 worker starts it where the previous window's tokens really end
-(vllm/v1/worker/multi_step_spec.py) and `settle` brings the counters back.
+(vllm/v1/worker/model_runner_v1_multi_step/spec_window.py) and `settle` brings
+the counters back.
 """
 
 from typing import TYPE_CHECKING

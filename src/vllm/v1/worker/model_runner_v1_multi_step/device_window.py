@@ -35,7 +35,7 @@ for any window.
 
 What the loop does not cover (bad_words, custom logits processors, explicit
 logprob token ids, thinking budgets, full-vocabulary logprobs, NaN counting,
-speculative decoding) runs the step-by-step path of multi_step.py; so does
+speculative decoding) runs the step-by-step path of window.py; so does
 any batch the lean step does not apply to. `uncovered` names the reason.
 """
 
@@ -55,14 +55,14 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
-from vllm.v1.worker.multi_step_lean import last_sampled
+from vllm.v1.worker.model_runner_v1_multi_step.lean_step import last_sampled
 from vllm.v1.worker.window_output import resolve_output
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.multi_step_lean import LeanDecodeStep
+    from vllm.v1.worker.model_runner_v1_multi_step.lean_step import LeanDecodeStep
 
 # Logits processors whose state depends only on the batch's requests, not on
 # the tokens they generate, so the window applies them as they are.

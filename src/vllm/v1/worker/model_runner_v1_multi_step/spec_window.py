@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.worker.multi_step import follow_up_step
+from vllm.v1.worker.model_runner_v1_multi_step.steps import follow_up_step
 from vllm.v1.worker.window_output import resolve_output, stop_token_ids
 
 if TYPE_CHECKING:

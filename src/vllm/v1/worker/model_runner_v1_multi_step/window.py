@@ -30,8 +30,10 @@ from vllm.config.multi_step import device_window_options, runner_async_schedulin
 from vllm.logger import init_logger
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from vllm.v1.worker.multi_step_device import DeviceWindow
-from vllm.v1.worker.multi_step_lean import LeanDecodeStep
+from vllm.v1.worker.model_runner_v1_multi_step.device_window import DeviceWindow
+from vllm.v1.worker.model_runner_v1_multi_step.lean_step import LeanDecodeStep
+from vllm.v1.worker.model_runner_v1_multi_step.spec_window import SpecDecodeWindow
+from vllm.v1.worker.model_runner_v1_multi_step.steps import follow_up_step
 from vllm.v1.worker.window_output import (
     merge_step_outputs,
     resolve_output,
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.multi_step_spec import SpecDecodeWindow
     from vllm.v1.worker.worker_base import WorkerBase
 
 logger = init_logger(__name__)
@@ -55,7 +56,7 @@ DEVICE_PATH = "device"
 class DecodeWindowRunner:
     def __init__(self, worker: "WorkerBase", vllm_config: "VllmConfig") -> None:
         self.worker = worker
-        # Inner steps on the device (multi_step_device.py) where a window's
+        # Inner steps on the device (device_window.py) where a window's
         # batch allows, and how often that loop looks for an early end.
         self._device_enabled, self._stop_check_interval = device_window_options(
             vllm_config
@@ -101,9 +102,6 @@ class DecodeWindowRunner:
     @property
     def _spec(self) -> "SpecDecodeWindow":
         if self._spec_window is None:
-            # Imported here: the spec window builds on this module's helpers.
-            from vllm.v1.worker.multi_step_spec import SpecDecodeWindow
-
             self._spec_window = SpecDecodeWindow(self.runner)
         return self._spec_window
 
@@ -259,38 +257,6 @@ class DecodeWindowRunner:
                     self._done.add(req_id)
             else:
                 steps_left[req_id] -= 1
-
-
-def follow_up_step(
-    requests: dict,
-    num_computed: dict[str, int],
-    drafts: dict[str, list[int]] | None = None,
-    num_spec_tokens_to_schedule: int = 0,
-) -> SchedulerOutput:
-    """What a single-step scheduler would send next: each request's last
-    token at its position, plus its drafts if any."""
-    req_ids = list(num_computed)
-    drafts = drafts or {}
-    num_scheduled = {r: 1 + len(drafts.get(r, ())) for r in req_ids}
-    return SchedulerOutput(
-        scheduled_new_reqs=[],
-        scheduled_cached_reqs=CachedRequestData(
-            req_ids=req_ids,
-            resumed_req_ids=set(),
-            new_token_ids=[],
-            all_token_ids={},
-            new_block_ids=[None] * len(req_ids),
-            num_computed_tokens=[num_computed[r] for r in req_ids],
-            num_output_tokens=[len(requests[r].output_token_ids) for r in req_ids],
-        ),
-        num_scheduled_tokens=num_scheduled,
-        total_num_scheduled_tokens=sum(num_scheduled.values()),
-        scheduled_spec_decode_tokens={r: d for r, d in drafts.items() if d},
-        scheduled_encoder_inputs={},
-        finished_req_ids=set(),
-        free_encoder_mm_hashes=[],
-        num_spec_tokens_to_schedule=num_spec_tokens_to_schedule,
-    )
 
 
 def _without(cached: CachedRequestData, req_ids: set[str]) -> CachedRequestData:

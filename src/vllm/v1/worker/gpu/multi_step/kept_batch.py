@@ -1,56 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""A window's inner step on StandaloneCPUModelRunner, on the batch it already has.
+"""Inner steps on StandaloneCPUModelRunner's kept batch.
 
 Inside a window without drafts, each inner step runs the same requests as the
-step before, one token each, one position further on. The runner's
-`execute_model` would rebuild that batch from a scheduler output: update its
-request states from the scheduler's counts, gather and sort the requests,
-allocate the batch's index tensors. On this runner, where every step's host
-work is paid between forwards on the same core, that was about a tenth of a
-window's time (docs/benchmarks.md). So while the requests are the same, the
-inner step keeps the step before's `InputBatch` and refreshes only what a
-decode step moves, with the runner's own pieces, in the order its
-`execute_model` uses them: positions and seq lens from the request states
-`post_update` advanced (`prepare_pos_seq_lens`), input ids from the last
-sampled tokens (`combine_sampled_and_draft_tokens`), block tables and slot
-mappings (`prepare_attn`), the model state's hooks and attention metadata, and
-the forward in vLLM's forward context. The runner's sampler and
-`postprocess_sampled` then sample it as any step (vllm/v1/worker/decode_window.py);
-where its requests want no logprobs, through the sampler's `sample` itself
-rather than its `__call__`, whose other per-step work gives fixed results for a
-decode step (`StandaloneInnerStep.sample`).
+step before, one token each, one position further on. Rather than rebuild
+that batch in `execute_model`, the step keeps the step before's `InputBatch`
+and refreshes what a decode step moves with the runner's own pieces, in the
+order its `execute_model` uses them: positions and seq lens
+(`prepare_pos_seq_lens`), input ids (`combine_sampled_and_draft_tokens`),
+slot mappings and attention metadata (refreshed in place on the CPU backend,
+where only the attention work split is computed again), then the forward in
+vLLM's forward context. Where the requests differ (one left the window), the
+runner's `execute_model` runs the step and its batch is kept for the next.
 
-From the second inner step on the same batch, the attention inputs are
-refreshed in place instead of rebuilt, where the backend is the CPU one and its
-inputs can be (`StandaloneInnerStep._in_place`): the block tables are the same
-for the whole window (its blocks came with it), the slot mappings are computed
-into the buffers the metadata already views, as are the seq lens, so only the
-attention scheduler's work split, which depends on the seq lens, is computed
-again. Rebuilding them was the largest part of an inner step's host work
-outside the forward and the sampler (docs/benchmarks.md).
-
-Where the requests differ (one left the window), the window runs the runner's
-`execute_model` instead, and keeps that step's batch for the next.
-
-A window's step 1 is a scheduler step: in steady state, where the next window
-runs the same decoding requests in the same order, the runner's
-`execute_model` would rebuild the very batch the last window ended on
-(about a tenth of a window's host work, docs/benchmarks.md). `execute_first`
-applies the scheduler's output to the runner's request states with the
-runner's own methods (finished requests, new blocks, computed counts,
-blocks to zero or copy), then runs the step on the kept batch, its attention
-inputs refreshed in place where no request got new blocks, else rebuilt
-(block tables gathered again). It declines any step that is not such a
-decode step (new requests, prompt tokens, structured output, encoder
-inputs, another order).
+A window's step 1 runs on the kept batch where the window before ran the same
+decoding requests in the order the runner would sort them: the scheduler's
+output is applied with the runner's own request updates and the step is
+sampled as an inner step. A decode step of requests that want no logprobs is
+sampled by the sampler's `sample` itself, not its `__call__`, whose other
+per-step work has fixed results for such a step.
 
 What `execute_model` does and these steps do not, and why that holds here:
 request updates in an inner step (a decode step inside a window changes no
 request's blocks or prompt; its computed count is the one `post_update`
-wrote), KV
-connector and encoder hooks, LoRA, pipeline and data parallelism, the
-KV-sharing fast prefill helper (refused with windows, or in `create`).
+wrote), KV connector and encoder hooks, LoRA, pipeline and data parallelism,
+the KV-sharing fast prefill helper (refused with windows, or in `create`).
 """
 
 from dataclasses import dataclass
@@ -60,6 +34,7 @@ import torch
 
 from vllm import _cpu_ops as ops
 from vllm import envs
+from vllm.config.multi_step import batch_reuse_enabled
 from vllm.forward_context import BatchDescriptor, set_forward_context
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadata,
@@ -78,12 +53,15 @@ from vllm.v1.worker.cpu.standalone_model_runner import (
     StandaloneCPUModelRunner,
     sort_batch_req_ids,
 )
+from vllm.v1.worker.gpu.multi_step.inner_steps import InnerSteps, sample_inner_step
+from vllm.v1.worker.gpu.multi_step.window_requests import WindowRequests
 
 if TYPE_CHECKING:
     from collections.abc import Collection
 
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 
 @dataclass
@@ -98,10 +76,12 @@ class _Attention:
     in_place: "list[tuple[CPUAttentionMetadata, CPUAttentionMetadataBuilder]] | None"
 
 
-class StandaloneInnerStep:
-    """Inner steps on the batch of the step before, for one runner."""
+class KeptBatchInnerSteps(InnerSteps):
+    """A window's steps on the batch of the step before, where it holds the
+    same requests; else the runner's own pieces."""
 
     def __init__(self, standalone: StandaloneCPUModelRunner) -> None:
+        super().__init__(standalone)  # type: ignore[arg-type]
         self.standalone = standalone
         self._batch: InputBatch | None = None
         # The attention inputs of the last inner step on `_batch`.
@@ -132,18 +112,25 @@ class StandaloneInnerStep:
         # bookkeeping (the window's log gives the share).
         self.num_sampled_steps = 0
         self.num_plain_steps = 0
+        # Inner steps run, and on the kept batch; windows' step 1 tried here,
+        # and run on the kept batch (the window's log gives the shares).
+        self.num_inner_steps = 0
+        self.num_inner_kept = 0
+        self.num_first_steps = 0
+        self.num_first_kept = 0
 
     @classmethod
     def create(
         cls, standalone: object, vllm_config: "VllmConfig"
-    ) -> "StandaloneInnerStep | None":
-        """One for `standalone` (the runner) where its batches can be reused,
+    ) -> "KeptBatchInnerSteps | None":
+        """One for `standalone` (the runner) where its batches can be kept,
         else None."""
         if not isinstance(standalone, StandaloneCPUModelRunner):
             return None
         parallel_config = vllm_config.parallel_config
         if (
-            vllm_config.speculative_config is not None
+            not batch_reuse_enabled(vllm_config)
+            or vllm_config.speculative_config is not None
             or vllm_config.lora_config is not None
             or standalone.uses_inputs_embeds
             or standalone.is_encoder_decoder
@@ -154,6 +141,42 @@ class StandaloneInnerStep:
         ):
             return None
         return cls(standalone)
+
+    def execute_first(self, step: "SchedulerOutput") -> bool:
+        self.num_first_steps += 1
+        kept = self._execute_first(step)
+        self.num_first_kept += kept
+        return kept
+
+    def sample_first(
+        self, grammar_output: "GrammarOutput | None", executed_here: bool
+    ) -> "ModelRunnerOutput | AsyncModelRunnerOutput | None":
+        self.keep_executed()  # this step's batch, before sampling consumes it
+        # A step 1 on the kept batch is a decode step of requests already
+        # running, as an inner step is: sampled as one.
+        if executed_here:
+            return self.sample()
+        return super().sample_first(grammar_output, executed_here)
+
+    def execute(self, requests: WindowRequests) -> None:
+        self.num_inner_steps += 1
+        if self._execute_kept(requests.running):
+            self.num_inner_kept += 1
+            return
+        super().execute(requests)
+        self.keep_executed()
+
+    def sample(self) -> "ModelRunnerOutput":
+        return sample_inner_step(self.standalone, self._sample)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        return (
+            f"{_percent(self.num_inner_kept, self.num_inner_steps)}% of inner "
+            f"steps and {_percent(self.num_first_kept, self.num_first_steps)}% "
+            "of first steps on the batch of the step before, "
+            f"{_percent(self.num_plain_steps, self.num_sampled_steps)}% of "
+            "steps sampled without the sampler's per-step bookkeeping"
+        )
 
     def keep_executed(self) -> None:
         """Keep the batch of the step just executed, before it is sampled, for
@@ -167,7 +190,7 @@ class StandaloneInnerStep:
         self._batch = cpu_batch
 
     @torch.inference_mode()
-    def execute(self, req_ids: "Collection[str]") -> bool:
+    def _execute_kept(self, req_ids: "Collection[str]") -> bool:
         """Execute the next inner step of `req_ids` on the kept batch, as the
         runner's `execute_model` leaves it for sampling; False where the batch
         holds other requests (nothing is done then)."""
@@ -182,7 +205,7 @@ class StandaloneInnerStep:
         return True
 
     @torch.inference_mode()
-    def execute_first(self, scheduler_output: "SchedulerOutput") -> bool:
+    def _execute_first(self, scheduler_output: "SchedulerOutput") -> bool:
         """Execute a window's step 1 (`scheduler_output`, one token per
         request) on the kept batch, as the runner's `execute_model` would;
         False where that batch is not the one it would build (nothing is done
@@ -212,7 +235,7 @@ class StandaloneInnerStep:
         self._forward(cpu_batch, scheduler_output.finished_req_ids)
         return True
 
-    def sample(
+    def _sample(
         self,
         hidden_states: torch.Tensor,
         cpu_batch: InputBatch,
@@ -404,6 +427,10 @@ class StandaloneInnerStep:
                         return None
                     found[id(metadata)] = (metadata, builder)
         return list(found.values()) or None
+
+
+def _percent(part: int, whole: int) -> int:
+    return 100 * part // max(whole, 1)
 
 
 def _decodes(cpu_batch: InputBatch) -> bool:
