@@ -19,8 +19,9 @@ declared in ``contract.toml`` beside the series and checked against a tree
 attribute our code reads that the contract does not list.
 
 ``[families.<name>]`` groups the modules that serve one upstream runner:
-``serves`` names that runner's file and ``modules`` our files (src/ paths) for
-it. A family is laid into a tree only where its ``serves`` file exists, so one
+``serves`` names that runner's file and ``modules`` our files for it (src/
+paths; one ending in ``/`` is a folder and names every file under it). A
+family is laid into a tree only where its ``serves`` file exists, so one
 src/ serves releases with different runners (Model Runner V1 up to vLLM 0.33.0,
 Model Runner V2 from 0.34.0 on); a class entry with ``family = "<name>"`` is
 checked only where that family is laid.
@@ -47,7 +48,11 @@ Reader = Callable[[str], str | None]  # tree path -> file text, None where the t
 class Family:
     name: str
     serves: str  # the upstream file of the runner these modules serve
-    modules: tuple[str, ...]  # our files, as paths under src/
+    modules: tuple[str, ...]  # our files, as paths under src/; "dir/" holds the files under it
+
+    def holds(self, path: str) -> bool:
+        """Whether our file at ``path`` (under src/) belongs to this family."""
+        return any(path == entry or (entry.endswith("/") and path.startswith(entry)) for entry in self.modules)
 
 
 @dataclass(frozen=True)

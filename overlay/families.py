@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from overlay.contract import CONTRACT_FILE, Reader, load, tree_reader
+from overlay.modules import SRC_DIR, load_modules
 from overlay.series import Series
 from overlay.tree import UPSTREAM_TAG
 
@@ -22,9 +23,11 @@ from overlay.tree import UPSTREAM_TAG
 def left_out(series_path: Path, read: Reader) -> frozenset[str]:
     """src/ paths of the families whose runner the tree ``read`` reads lacks."""
     contract = load(series_path.parent / CONTRACT_FILE)
-    if contract is None:
+    absent = contract.absent(read) if contract is not None else ()
+    if not absent:
         return frozenset()
-    return frozenset(path for family in contract.absent(read) for path in family.modules)
+    ours = load_modules(series_path.parent / SRC_DIR)
+    return frozenset(m.path for m in ours if any(family.holds(m.path) for family in absent))
 
 
 def fit(series: Series, repo: Path, ref: str = UPSTREAM_TAG) -> Series:

@@ -50,6 +50,19 @@ def test_a_tree_takes_only_the_families_whose_runner_it_has(upstream, tmp_path):
     assert {k: v for k, v in snapshot(upstream.root).items() if k.startswith("src/")} == src_before
 
 
+def test_a_family_names_a_folder_by_a_path_ending_in_a_slash(upstream, tmp_path):
+    _project(upstream)
+    folder = CONTRACT.replace('"vllm/ours_gone.py", "tests', '"vllm/gone/", "tests')
+    (upstream.root / contract.CONTRACT_FILE).write_text(folder)
+    for path in ("vllm/gone/__init__.py", "vllm/gone/step.py", "vllm/gone_sibling.py"):
+        (upstream.root / "src" / path).parent.mkdir(parents=True, exist_ok=True)
+        (upstream.root / "src" / path).write_text("X = 1\n")
+    tree = tmp_path / "tree"
+    assert run_tool("apply", *upstream.args(), "--tree", str(tree)).returncode == errors.OK
+    assert not (tree / "vllm/gone/step.py").exists() and not (tree / "vllm/gone/__init__.py").exists()
+    assert (tree / "vllm/gone_sibling.py").exists()  # beside the folder, not in it
+
+
 def test_a_family_whose_runner_is_there_is_laid_and_checked(upstream):
     _project(upstream)
     (upstream.root / contract.CONTRACT_FILE).write_text(CONTRACT.replace("vllm/gone_runner.py", "vllm/engine.py"))
