@@ -38,7 +38,8 @@ DEFAULT_STOP_CHECK_INTERVAL = {"cpu": 1}
 DEFAULT_STOP_CHECK_INTERVAL_ACCELERATOR = 8
 # The runner the V1 worker side of multi-step decode
 # (vllm/v1/worker/model_runner_v1_multi_step/) drives. Where vLLM has no such
-# runner (0.34.0 removed it), windows run on Model Runner V2 (vllm/v1/worker/gpu/multi_step/), the only runner there.
+# runner (0.34.0 removed it), windows run on Model Runner V2
+# (vllm/v1/worker/gpu/multi_step/), the only runner there.
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # Drafters whose inner-step drafts the window can feed back exactly
 # (vllm/v1/worker/model_runner_v1_multi_step/ on Model Runner V1,

@@ -4,7 +4,8 @@
 
 Scheduler side (vllm/v1/core/sched/multi_step.py): a window with k drafts
 plans W * (1 + k) positions per request and keeps, after the window, one
-position per generated token. Worker side (vllm/v1/worker/model_runner_v1_multi_step/spec_window.py):
+position per generated token. Worker side
+(vllm/v1/worker/model_runner_v1_multi_step/spec_window.py):
 each inner step starts where the previous one's accepted tokens end, per
 request. The values expected of the real functions are ones the two
 token-tracking bugs found in the review of the V1 multi-step proposal would not
@@ -17,12 +18,12 @@ from vllm.v1.core.sched.multi_step import DecodeWindowPlanner
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request
-from vllm.v1.worker.model_runner_v1_multi_step.steps import follow_up_step
 from vllm.v1.worker.model_runner_v1_multi_step.spec_window import (
     SpecDecodeWindow,
     advance_requests,
     next_num_computed,
 )
+from vllm.v1.worker.model_runner_v1_multi_step.steps import follow_up_step
 
 from .utils import create_requests, create_scheduler
 

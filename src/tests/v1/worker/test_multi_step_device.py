@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The device window's per-step state (vllm/v1/worker/model_runner_v1_multi_step/device_window.py).
+"""The device window's per-step state
+(vllm/v1/worker/model_runner_v1_multi_step/device_window.py).
 
 Engine-level parity with upstream is tested end to end (the overlay's
 tests/real); these pin the pieces whose exactness the engine runs could only

@@ -1,40 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Multi-step decode, scheduler side: plan decode windows.
+"""Multi-step decode, scheduler side: plan decode windows and settle them.
 
-With `--num-scheduler-steps N`, one `schedule()` call may plan a *window* of up
-to N decode steps for every running request. A request scheduled for n tokens
-in a window runs n one-token forward passes back to back in the worker, each
-fed the token the previous one sampled. The scheduler's usual bookkeeping then
-holds unchanged, because it counts *processed* positions:
-
-- `num_scheduled_tokens[req] = n` is what the window processes, so
-  `num_computed_tokens`, `num_in_flight_tokens` and the KV slots allocated for
-  the window (`allocate_slots(req, n)`, before the loop runs) all advance by n;
-- the worker returns up to n sampled tokens per request, which
-  `update_from_output` appends one by one, checking stops after each token and
-  discarding what follows a stop (as it does for speculative tokens);
-- a window cut short by a stop gives back the positions it did not process
-  (`settle`), so the counters never run ahead of the KV cache.
-
-Windows are planned only when the batch is pure decode: no request is part-way
-through its prompt and no waiting request could be admitted. Otherwise the step
-is an ordinary single step, so a new request waits at most for the window in
-flight, and prefills (chunked or not) run exactly as upstream runs them.
-Requests with structured output keep the batch at one step per schedule (the
-grammar bitmask is computed once per schedule).
-
-With speculative decoding (k drafts), each of a window's W steps processes
-1 + (its drafts) tokens and accepts a variable number, so a request is
-scheduled the worst case, W * (1 + k) positions (capped by max_tokens + k and
-max_model_len), and `settle` brings num_computed_tokens back to what the steps
-really processed minus what they rejected, i.e. the tokens they generated.
-Acceptance is counted per inner step, from the counts the worker reports.
-Under async scheduling a window is planned while the previous one runs, from
-that one's optimistic end (every position used), with placeholder drafts; the
-worker starts it where the previous window's tokens really end
-(vllm/v1/worker/model_runner_v1_multi_step/spec_window.py) and `settle` brings
-the counters back.
+With `--num-scheduler-steps N`, one `schedule()` call may plan a window of up
+to N decode steps for every running request: `window` sizes each request's
+share (n positions; with k drafts up to W * (1 + k)), capped by max_tokens and
+max_model_len; `after_schedule` marks the scheduler output; `settle` brings
+num_computed_tokens back to what the window's steps really processed, minus
+rejected drafts, and counts acceptance per inner step. A window is planned only
+for a pure decode batch without structured output (docs/design.md, "Scheduler").
 """
 
 from typing import TYPE_CHECKING
