@@ -60,13 +60,14 @@ def test_figures_check_sees_a_changed_result(tmp_path):
         (folder / path.name).write_bytes(path.read_bytes())
     readme = tmp_path / "README.md"
     readme.write_text((ROOT / "README.md").read_text())
-    changed = json.loads((folder / "device_window_tiny_2026-12-03.json").read_text())
+    shown = "mrv2_inner_step_kinds_tiny_2026-12-06.json"  # README's first row
+    changed = json.loads((folder / shown).read_text())
     changed["summary"]["vs_upstream"]["overlay N=8"] = 3.0
-    (folder / "device_window_tiny_2026-12-03.json").write_text(json.dumps(changed))
+    (folder / shown).write_text(json.dumps(changed))
     argv = ["--readme", str(readme), "--results", str(folder), "--no-plot"]
     assert _figures([*argv, "--check"]) == 1
     assert _figures(argv) == 0
-    assert "| 1.33x / **3.00x** / **2.12x** (upstream 4496 tok/s) |" in readme.read_text()
+    assert "| 1.37x / **3.00x** / 1.68x (upstream 8635 tok/s) |" in readme.read_text()
     assert _figures([*argv, "--check"]) == 0
 
 
