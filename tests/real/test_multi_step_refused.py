@@ -42,6 +42,8 @@ print("RESULT" + json.dumps({
     "sampling_mask": resolve(num_scheduler_steps=4, return_sampling_mask=True,
                              logprobs_mode="processed_logprobs"),
     "sampling_mask_single": resolve(return_sampling_mask=True, logprobs_mode="processed_logprobs"),
+    "yield_off": resolve(num_scheduler_steps=4, additional_config={"multi_step_yield": False}),
+    "yield_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_yield": "no"}),
 }))
 """
 
@@ -61,3 +63,6 @@ def test_options_on_model_runner_v2(overlay_python, tiny_llama, tmp_path):
     assert got["ngram"] == got["ngram_single"], got
     assert "return_sampling_mask" in got["sampling_mask"]["error"], got
     assert got["sampling_mask_single"]["steps"] == 1, got
+    # windows yield to arrivals unless told not to; a wrong value is named at startup
+    assert got["yield_off"]["steps"] == 4, got
+    assert "multi_step_yield'] must be true or false" in got["yield_bad"]["error"], got

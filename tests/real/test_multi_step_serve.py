@@ -26,6 +26,7 @@ from support.serve_cases import (
     client_for,
     completion,
 )
+from support.venvs import windows_runner
 
 from overlay import fuzz
 
@@ -72,16 +73,42 @@ def _stream_text(server, prompt: str, max_tokens: int, arrivals=None) -> str:
 
 
 def test_requests_arriving_mid_window(servers):
+    """The arrivals get upstream's answers, and so does the request whose windows they cut. On
+    Model Runner V2 the windows yield to them and they join the next window (the cut windows and
+    the tokens made in windows on /metrics); on Model Runner V1 they wait for the window in
+    flight and are admitted in a single step."""
+
     def arrivals(server):
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(completion, server, False, **{**GREEDY, "max_tokens": 30}) for _ in range(3)]
             return [f.result() for f in futures]
 
-    ours_long, ours_new = _stream_text(servers["overlay"], PROMPTS[1], 300, lambda: arrivals(servers["overlay"]))
+    overlay = servers["overlay"]
+    counts = _window_counts(overlay)
+    ours_long, ours_new = _stream_text(overlay, PROMPTS[1], 300, lambda: arrivals(overlay))
     theirs_long, _ = _stream_text(servers["upstream"], PROMPTS[1], 300)
     assert ours_long == theirs_long
     theirs_new = completion(servers["upstream"], False, **{**GREEDY, "max_tokens": 30})
     assert all(answer == theirs_new for answer in ours_new)
+    if windows_runner() == "mrv2":
+        grown = {name: value - counts[name] for name, value in _window_counts(overlay).items()}
+        assert grown["yielded"] >= 1 and grown["windows"] > grown["yielded"], grown
+        # the arrivals joined windows at their first token: (almost) every token made in one,
+        # none in a single step that admitted a request
+        assert grown["window"] >= 300 and grown["window"] >= 0.9 * grown["generated"], grown
+        assert grown["arrival"] == 0, grown
+
+
+def _window_counts(server) -> dict[str, float]:
+    """The multi-step counters on the server's /metrics."""
+    tokens = "vllm:multi_step_generation_tokens_total"
+    return {
+        "windows": server.metric("vllm:multi_step_windows_total"),
+        "yielded": server.metric("vllm:multi_step_windows_yielded_total"),
+        "window": server.metric(tokens, reason="window"),
+        "arrival": server.metric(tokens, reason="arrival"),
+        "generated": server.metric(tokens),
+    }
 
 
 def test_client_disconnect_mid_window(servers):

@@ -7,7 +7,8 @@ without a match get none), a noisy draft model (its weights perturbed: some draf
 most rejected, so every window has steps whose rejected positions must be
 given back), an EAGLE head (drafts from the target's hidden states; about one
 draft in five accepted) and a target with its own MTP layer (MiMo layout, run
-through the same proposer; about one draft in three accepted). The target as its own
+through the same proposer; about one draft in three accepted; `OVERLAY_SPEC_V1=all`, left out of
+the suite on 2026-12-06: EAGLE runs that proposer). The target as its own
 draft model (every draft accepted) left this file on 2026-12-02 (CI budget): the noisy draft
 runs the same draft-model proposer with rejections, the second oracle below checks acceptance
 exactly, and the fuzzer's CI slice runs the target as its own draft in a small budget.
@@ -24,6 +25,7 @@ would.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,17 @@ RUNS = {
 # upstream turns it off for ngram): the runner's synchronous path either way, and under
 # async scheduling each step the engine planned is corrected before it runs.
 SYNC_RUNS = {"eagle-N4-sync"}
+# Left to `OVERLAY_SPEC_V1=all` (a minute and a half of the suite): the target's own MTP layer
+# drafts through the proposer EAGLE heads use (eagle-N4 and eagle-N4-sync run); the fuzzer's
+# long runs mix MTP in windows.
+OPT_IN_RUNS = {"mtp-N4"}
+
+
+def _skip_opt_in(name: str) -> None:
+    if name in OPT_IN_RUNS and os.environ.get("OVERLAY_SPEC_V1") != "all":
+        pytest.skip(f"{name}: run with OVERLAY_SPEC_V1=all (the suite runs EAGLE's proposer)")
+
+
 STEPS = "vllm:iteration_tokens_total_count"
 
 
@@ -114,6 +127,7 @@ def spec_run(upstream_python, overlay_python, drafters, parity_run, tiny_llama, 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_spec_windows_match_upstream_without_drafts(spec_run, name):
+    _skip_opt_in(name)
     ours, theirs, _log = spec_run(name)
     assert_same_outputs(ours, theirs, cases=RUNS[name][3])
     counters = ours["counters"]
@@ -136,6 +150,7 @@ def drafted_and_accepted(outputs: dict) -> tuple[int, int]:
 @pytest.mark.parametrize("name", ["noisy-N4", "eagle-N4", "mtp-N4"])
 def test_drafts_are_partly_rejected(spec_run, name):
     """These drafters' windows have rejections (the positions to give back) and acceptances."""
+    _skip_opt_in(name)
     drafted, accepted = drafted_and_accepted(spec_run(name)[0])
     assert 0.05 < accepted / drafted < 0.9, (accepted, drafted)
 

@@ -155,12 +155,17 @@ class Server:
                     raise RuntimeError(f"server did not start:\n{self.log.read_text()[-5000:]}") from None
                 time.sleep(1)
 
-    def metric(self, name: str) -> float:
-        """Sum of a Prometheus metric's samples from /metrics."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a Prometheus metric's samples from /metrics (those with `labels`, where given)."""
         import urllib.request
 
         text = urllib.request.urlopen(self.base + "/metrics", timeout=10).read().decode()
-        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+        wanted = [f'{key}="{value}"' for key, value in labels.items()]
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") and all(label in line.split("}", 1)[0] for label in wanted)
+        ]
         return sum(values)
 
     def stop(self) -> None:

@@ -29,6 +29,14 @@ DEVICE_WINDOW_KEY = "multi_step_device_window"
 # (vllm/v1/worker/gpu/multi_step/kept_batch.py): on unless this key is false
 # (then the runner's execute_model builds every step's batch).
 BATCH_REUSE_KEY = "multi_step_batch_reuse"
+# Model Runner V2: a window ends after the inner step in flight when a request
+# arrives (vllm/v1/core/sched/arrivals.py): on unless this key is false (then
+# an arrival waits for the windows in flight, as on Model Runner V1).
+YIELD_KEY = "multi_step_yield"
+# Model Runner V2: a schedule that admits requests is step 1 of a window, the
+# admitted prompts' first tokens sampled there (vllm/v1/core/sched/multi_step.py,
+# `join`): on unless this key is false (then such a schedule is a single step).
+JOIN_KEY = "multi_step_join"
 # How many inner steps the device loop runs between looks at its alive mask.
 # On a CPU a look reads a host tensor (no sync: a few microseconds a step, so
 # every step); on an accelerator it is a host sync, so every 8 steps, the
@@ -92,6 +100,18 @@ def batch_reuse_enabled(vllm_config: "VllmConfig") -> bool:
     additional = _additional(vllm_config)
     key = BATCH_REUSE_KEY if BATCH_REUSE_KEY in additional else DEVICE_WINDOW_KEY
     return _bool_option(additional, key)
+
+
+def yield_enabled(vllm_config: "VllmConfig") -> bool:
+    """Whether windows yield to arriving requests (YIELD_KEY). Raises
+    ValueError naming the key for a value of the wrong type."""
+    return _bool_option(_additional(vllm_config), YIELD_KEY)
+
+
+def join_enabled(vllm_config: "VllmConfig") -> bool:
+    """Whether admitted requests join windows (JOIN_KEY). Raises ValueError
+    naming the key for a value of the wrong type."""
+    return _bool_option(_additional(vllm_config), JOIN_KEY)
 
 
 def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
@@ -268,7 +288,11 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
         )
     if not windows_on_v1_runner():
         _log_model_runner_v2_windows(
-            vllm_config, steps, batch_reuse_enabled(vllm_config)
+            vllm_config,
+            steps,
+            batch_reuse_enabled(vllm_config),
+            yield_enabled(vllm_config),
+            join_enabled(vllm_config),
         )
         return
     logger.info(
@@ -288,7 +312,11 @@ MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
 
 
 def _log_model_runner_v2_windows(
-    vllm_config: "VllmConfig", steps: int, batch_reuse: bool
+    vllm_config: "VllmConfig",
+    steps: int,
+    batch_reuse: bool,
+    yields: bool,
+    joins: bool,
 ) -> None:
     additional = _additional(vllm_config)
     if DEVICE_WINDOW_KEY in additional and BATCH_REUSE_KEY not in additional:
@@ -316,10 +344,17 @@ def _log_model_runner_v2_windows(
         inner = "the runner's own execute_model and sampler"
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call on Model "
-        "Runner V2, each inner step %s (async scheduling %s).",
+        "Runner V2, each inner step %s (async scheduling %s; a window %s; "
+        "%s).",
         steps,
         inner,
         "on" if vllm_config.scheduler_config.async_scheduling else "off",
+        "yields to a request that arrives while it runs"
+        if yields
+        else f"runs whole when a request arrives ({YIELD_KEY}: false)",
+        "admitted requests join a window at their first token"
+        if joins
+        else f"a schedule that admits requests is a single step ({JOIN_KEY}: false)",
     )
     if device_type not in MODEL_RUNNER_V2_WINDOWS_RAN_ON:
         logger.warning(

@@ -13,7 +13,7 @@ from collections import deque
 
 import pytest
 
-from vllm.v1.core.sched.multi_step import DecodeWindowPlanner
+from vllm.v1.core.sched.multi_step import MODEL_RUNNER_V2, DecodeWindowPlanner
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -25,10 +25,14 @@ pytestmark = pytest.mark.cpu_test
 TOKEN = 1  # never a stop token here
 
 
-def _scheduler(num_steps: int, **kwargs):
+def _scheduler(num_steps: int, joins: bool = False, **kwargs):
+    """A scheduler planning windows of up to `num_steps`; where `joins`, a
+    schedule that admits requests is a window too (Model Runner V2 only),
+    else a single step, as the tests of running requests' windows assume."""
     scheduler = create_scheduler(**kwargs)
     scheduler.scheduler_config.num_scheduler_steps = num_steps
     scheduler.multi_step = DecodeWindowPlanner.create(scheduler)
+    scheduler.multi_step.joins = joins
     return scheduler
 
 
@@ -184,6 +188,108 @@ def test_waiting_request_turns_the_step_into_a_single_step():
     }
     scheduler.update_from_output(sched_output, _output(sched_output))
     assert scheduler.schedule().multi_step_window
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="new requests join windows on Model Runner V2 only"
+)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_admitted_requests_join_the_window(async_scheduling):
+    scheduler = _scheduler(4, joins=True, async_scheduling=async_scheduling)
+    req0, req1, req2 = create_requests(num_requests=3, num_tokens=10, max_tokens=16)
+    req2.max_tokens = 2  # its window ends at max_tokens
+    _prefill_and_settle(scheduler, [req0])
+    scheduler.add_request(req1)
+    scheduler.add_request(req2)
+    window = scheduler.schedule()
+    assert window.multi_step_window == 4
+    # the running request's 4 steps; each prompt, then its later steps
+    assert window.num_scheduled_tokens == {"0": 4, "1": 10 + 3, "2": 10 + 1}
+    assert _num_slots(scheduler, req1) >= 13
+    if async_scheduling:  # the most tokens the window can make for each
+        assert [r.num_output_placeholders for r in (req0, req1, req2)] == [4, 4, 2]
+    # req1 leaves at its 3rd step (a stop): its 4th position is given back
+    tokens = {"0": [TOKEN] * 4, "1": [TOKEN, TOKEN, EOS_TOKEN_ID], "2": [TOKEN] * 2}
+    scheduler.update_from_output(window, _output(window, tokens))
+    assert req1.status == RequestStatus.FINISHED_STOPPED
+    assert req2.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert list(req0.output_token_ids) == [TOKEN] * 5
+    assert req0.num_computed_tokens == req0.num_tokens - 1
+    assert req0.num_output_placeholders == 0
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="new requests join windows on Model Runner V2 only"
+)
+def test_waiting_prompts_keep_their_budget_beside_a_window():
+    scheduler = _scheduler(8, joins=True, max_num_seqs=4, max_num_batched_tokens=16)
+    req0, req1 = create_requests(num_requests=2, num_tokens=6, max_tokens=30)
+    (long,) = create_requests(
+        num_requests=1, num_tokens=20, max_tokens=30, req_ids=["long"]
+    )
+    _prefill_and_settle(scheduler, [req0])
+    scheduler.add_request(req1)
+    window = scheduler.schedule()
+    # the prompt's 6 tokens first; then 5 steps each in the 10 left (4 after
+    # the prompt's own step)
+    assert window.multi_step_window == 5
+    assert window.num_scheduled_tokens == {"0": 5, "1": 6 + 4}
+    scheduler.update_from_output(
+        window, _output(window, {"0": [TOKEN] * 5, "1": [TOKEN] * 5})
+    )
+    # each kept one position per token (the prompt's last sampled the first)
+    assert req0.num_computed_tokens == req0.num_tokens - 1
+    assert req1.num_computed_tokens == req1.num_tokens - 1
+    # a prompt longer than the budget: a single step, a chunk of it, as upstream
+    scheduler.add_request(long)
+    single = scheduler.schedule()
+    assert not single.multi_step_window
+    assert single.num_scheduled_tokens == {"0": 1, "1": 1, "long": 14}
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="new requests join windows on Model Runner V2 only"
+)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_joined_requests_run_to_max_tokens(async_scheduling):
+    """Admitted in a window, then windows planned while the one before is in
+    flight (async scheduling: its output comes back after the next schedule),
+    every request gets its max_tokens, the placeholders back to zero."""
+    scheduler = _scheduler(8, joins=True, async_scheduling=async_scheduling)
+    requests = create_requests(num_requests=8, num_tokens=10, max_tokens=32)
+    for request in requests:
+        scheduler.add_request(request)
+    in_flight: deque[SchedulerOutput] = deque()
+    for _ in range(100):
+        if scheduler.has_requests():
+            in_flight.append(scheduler.schedule())
+        if len(in_flight) > async_scheduling or not scheduler.has_requests():
+            if not in_flight:
+                break
+            sched_output = in_flight.popleft()
+            scheduler.update_from_output(sched_output, _worker_output(sched_output))
+    assert [len(r.output_token_ids) for r in requests] == [32] * 8
+    assert [r.num_output_placeholders for r in requests] == [0] * 8
+
+
+def _worker_output(sched_output: SchedulerOutput) -> ModelRunnerOutput:
+    """A worker's answer to a window with admitted requests: a prompt's step 1
+    samples one token, then one per later step."""
+    tokens = {}
+    for new_req in sched_output.scheduled_new_reqs:
+        num_prompt = len(new_req.prefill_token_ids) - new_req.num_computed_tokens
+        num_scheduled = sched_output.num_scheduled_tokens[new_req.req_id]
+        tokens[new_req.req_id] = [TOKEN] * (num_scheduled - num_prompt + 1)
+    return _output(sched_output, tokens)
+
+
+def _prefill_and_settle(scheduler, requests: list[Request]) -> None:
+    """Admit `requests` in a step of their own and take its tokens in."""
+    for request in requests:
+        scheduler.add_request(request)
+    sched_output = scheduler.schedule()
+    tokens = {r.request_id: [TOKEN] for r in requests}
+    scheduler.update_from_output(sched_output, _output(sched_output, tokens))
 
 
 def test_partial_prefill_in_the_batch_keeps_single_steps():

@@ -62,7 +62,10 @@ class ScriptedRunner:
         tokens = self._next_tokens(req_ids)
         return ModelRunnerOutput(
             req_ids=req_ids,
-            sampled_token_ids=[t if isinstance(t, list) else [t] for t in tokens],
+            # 0: a prompt chunk, which samples nothing
+            sampled_token_ids=[
+                t if isinstance(t, list) else [t] if t else [] for t in tokens
+            ],
         )
 
     def sample(self, hidden_states, inputs, grammar_output):
@@ -99,6 +102,7 @@ class Config:
             else None
         )
         self.additional_config: dict = {}
+        self.parallel_config = SimpleNamespace(tensor_parallel_size=1)
         # A CPU, where the standalone runner's batches are reused (not this
         # stand-in's: its steps are the runner's execute_model).
         self.device_config = SimpleNamespace(device_type="cpu")
@@ -329,3 +333,98 @@ def test_windows_refuse_drafts_they_cannot_keep_as_single_steps(setting):
         {"method": "eagle", **SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS}
     )
     assert not _model_runner_v2_spec_reasons(config)
+
+
+def _arrival_during_inner_step(runner: ScriptedRunner, counter, inner_step: int):
+    """A request arrives at the engine core while the runner samples the
+    window's `inner_step`-th inner step (1: the step after step 1)."""
+    sample = runner.sample
+
+    def sample_and_arrive(*args):
+        if len(runner.updates) == inner_step - 1:
+            counter.arrived()
+        return sample(*args)
+
+    runner.sample = sample_and_arrive
+
+
+def _window_planned_at(runner, windows, counter, steps: int, num_computed: int):
+    """Run a window of `steps` steps for "a" and "b", planned from `num_computed`
+    when the engine core had seen what `counter` says it had seen."""
+    window = step({"a": steps, "b": steps}, steps)
+    window.scheduled_cached_reqs.num_computed_tokens = [num_computed] * 2
+    window.multi_step_arrivals = (counter.name, counter.num_seen)
+    runner.steps.clear()
+    return run_step(windows, window)
+
+
+def test_a_window_yields_to_an_arrival_after_the_step_in_flight():
+    from vllm.v1.core.sched.arrivals import ArrivalCounter
+
+    counter = ArrivalCounter()
+    try:
+        runner, windows = make({"a": [7, 8, 9, 10, 11, 12], "b": [7, 8, 9, 10, 11, 12]})
+        _arrival_during_inner_step(runner, counter, 1)
+        output = _window_planned_at(runner, windows, counter, 4, 10)
+        # step 1, then the inner step during which the request arrived; no more
+        assert output.sampled_token_ids == [[8, 9], [8, 9]]
+        assert output.multi_step_yielded
+        assert len(runner.steps) == 2
+
+        # The window the engine planned before it saw the cut (async
+        # scheduling) counts the 4 positions as computed (10 + 4); it runs from
+        # the true count (10 + 2), and yields after its step 1: the request
+        # arrived after it was planned too.
+        output = _window_planned_at(runner, windows, counter, 4, 14)
+        assert runner.steps[0].scheduled_cached_reqs.num_computed_tokens == [12, 12]
+        assert output.sampled_token_ids == [[10], [10]]
+        assert output.multi_step_yielded
+
+        # Planned once the engine core had seen the request: the window runs
+        # whole, from the scheduler's count, settled after the cut (12 + 1).
+        counter.seen()
+        output = _window_planned_at(runner, windows, counter, 2, 13)
+        assert runner.steps[0].scheduled_cached_reqs.num_computed_tokens == [13, 13]
+        assert output.sampled_token_ids == [[11, 12], [11, 12]]
+        assert not output.multi_step_yielded
+    finally:
+        counter.close()
+
+
+def test_a_window_without_an_arrival_count_never_yields():
+    from vllm.v1.core.sched.arrivals import ArrivalCounter
+
+    counter = ArrivalCounter()
+    try:
+        runner, windows = make({"a": [7, 8, 9, 10]})
+        _arrival_during_inner_step(runner, counter, 1)
+        runner.steps.clear()
+        output = run_step(windows, step({"a": 3}, 3))
+        assert output.sampled_token_ids == [[8, 9, 10]]
+        assert not output.multi_step_yielded
+    finally:
+        counter.close()
+
+
+def test_an_admitted_request_runs_its_prompt_in_step_one_then_decodes():
+    runner, windows = make({"a": [7, 8, 9, 10]})
+    runner.scripts["n"] = [20, 21, 22]
+    # "n" is admitted with its 2-token prompt and the window's 2 later steps;
+    # "c" with a chunk of a longer prompt only: it samples nothing, and leaves
+    chunk = new_request("c")
+    chunk.prefill_token_ids = chunk.prompt_token_ids = [5] * 6
+    runner.scripts["c"] = [0]
+    window = step({"a": 3, "n": 2 + 2, "c": 4}, 3, [new_request("n"), chunk])
+    runner.steps.clear()
+    output = run_step(windows, window)
+    assert [s.num_scheduled_tokens for s in runner.steps] == [
+        {"a": 1, "n": 2, "c": 4},
+        {"a": 1, "n": 1},
+        {"a": 1, "n": 1},
+    ]
+    # "n" decodes from the position after its prompt, as "a" from its own
+    assert [s.scheduled_cached_reqs.num_computed_tokens for s in runner.steps[1:]] == [
+        [11, 2],
+        [12, 3],
+    ]
+    assert output.sampled_token_ids[:2] == [[8, 9, 10], [20, 21, 22]]

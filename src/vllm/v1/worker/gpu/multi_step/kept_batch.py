@@ -197,6 +197,7 @@ class KeptBatchInnerSteps(InnerSteps):
         cpu_batch = self._batch
         if (
             cpu_batch is None
+            or not _decodes(cpu_batch)  # step 1 prefilled a prompt
             or cpu_batch.num_reqs != len(req_ids)
             or not set(cpu_batch.req_ids).issuperset(req_ids)
         ):

@@ -15,7 +15,8 @@ see which requests stopped and returns one output for the window.
 Under async scheduling the next step is planned before the scheduler learns
 that a request stopped in this window; that step runs without it (the
 scheduler ignores outputs for finished requests), as the runner no longer
-advances its state.
+advances its state. A window also ends after the inner step in flight when a
+request arrives (window_yield.py).
 """
 
 from dataclasses import dataclass, replace
@@ -29,7 +30,12 @@ from vllm.v1.outputs import (
     ModelRunnerOutput,
 )
 from vllm.v1.worker.gpu.multi_step.inner_steps import InnerSteps, pick_inner_steps
-from vllm.v1.worker.gpu.multi_step.window_requests import WindowStart, only
+from vllm.v1.worker.gpu.multi_step.window_requests import (
+    WindowStart,
+    only,
+    prompt_shares,
+)
+from vllm.v1.worker.gpu.multi_step.window_yield import ArrivalWatch, CutWindows
 from vllm.v1.worker.window_output import (
     merge_step_outputs,
     resolve_output,
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.multi_step.window_requests import PromptShare
     from vllm.v1.worker.worker_base import WorkerBase
 
 logger = init_logger(__name__)
@@ -82,8 +89,11 @@ class ModelRunnerV2Windows:
         self._stopped: set[str] = set()
         # Picked at the first step: the runner is loaded after the worker.
         self._inner_steps: InnerSteps | None = None
+        self._arrivals = ArrivalWatch(vllm_config)
+        self._cut_windows = CutWindows()
         self._num_windows = 0
         self._num_steps = 0
+        self._num_yielded = 0
 
     @classmethod
     def create(
@@ -107,6 +117,7 @@ class ModelRunnerV2Windows:
         """What the runner executes first: a window's step 1, or the step as is;
         None where the inner steps executed step 1 themselves."""
         self._track_requests(scheduler_output)
+        scheduler_output = self._cut_windows.correct(scheduler_output)
         scheduled = scheduler_output.num_scheduled_tokens
         dropped = self._stopped.intersection(scheduled) if self.async_scheduling else ()
         self._stopped = set()
@@ -138,26 +149,33 @@ class ModelRunnerV2Windows:
             # step in flight under async scheduling: max_tokens is no bound.
             {} if self.async_scheduling else self._max_tokens,
         )
-        steps, spec_counts = self._run_window(start, resolve_output(first))
+        steps, spec_counts, yielded = self._run_window(start, resolve_output(first))
         merged = merge_step_outputs(steps)
         if spec_counts:
             merged.multi_step_spec_counts = spec_counts
+        merged.multi_step_yielded = yielded
+        self._cut_windows.record(pending.window, merged)
         return returned_like(first, merged)
 
     def _run_window(
         self, start: WindowStart, first: ModelRunnerOutput
-    ) -> tuple[list[ModelRunnerOutput], dict[str, list[tuple[int, int]]]]:
-        """Run a window's steps after step 1: every step's output, and per
-        request each step's (drafts, accepted) where it verified drafts."""
+    ) -> tuple[list[ModelRunnerOutput], dict[str, list[tuple[int, int]]], bool]:
+        """Run a window's steps after step 1: every step's output, per request
+        each step's (drafts, accepted) where it verified drafts, and whether
+        the window yielded to an arrival."""
         inner_steps = self.inner_steps
         requests = inner_steps.requests(start)
         steps = [first]
+        yielded = False
         while requests.advance(steps[-1]):
+            if self._arrivals.arrived(start.window):
+                yielded = True
+                break
             inner_steps.execute(requests)
             steps.append(inner_steps.sample())
         self._stopped = requests.stopped
-        self._count(len(steps))
-        return steps, requests.spec_counts()
+        self._count(len(steps), yielded)
+        return steps, requests.spec_counts(), yielded
 
     def _track_requests(self, scheduler_output: SchedulerOutput) -> None:
         """Remember each new request's stop tokens and max_tokens until it
@@ -171,19 +189,21 @@ class ModelRunnerV2Windows:
             self._stop_ids.pop(req_id, None)
             self._max_tokens.pop(req_id, None)
 
-    def _count(self, num_steps: int) -> None:
+    def _count(self, num_steps: int, yielded: bool) -> None:
         """Log the windows' mean length at 1, 2, 4, 8, ... windows."""
         self._num_windows += 1
         self._num_steps += num_steps
+        self._num_yielded += yielded
         if self._num_windows & (self._num_windows - 1) == 0:
             described = self.inner_steps.describe()
             logger.info(
                 "Multi-step decode on Model Runner V2 (%s, %s): %d windows, "
-                "%.2f steps per window%s.",
+                "%.2f steps per window, %d yielded to arrivals%s.",
                 type(self.model_runner).__name__,
                 type(self.inner_steps).__name__,
                 self._num_windows,
                 self._num_steps / self._num_windows,
+                self._num_yielded,
                 "; " + described if described else "",
             )
 
@@ -193,15 +213,16 @@ def _step_one(
 ) -> SchedulerOutput:
     """The step the runner executes for `scheduler_output` without the
     requests of `dropped`; for a window, its step 1: each request's last
-    token and its drafts."""
+    token and its drafts, each admitted request's prompt share."""
     window = scheduler_output.multi_step_window
     drafts = {
         req_id: draft_ids
         for req_id, draft_ids in scheduler_output.scheduled_spec_decode_tokens.items()
         if req_id not in dropped
     }
+    prompts = prompt_shares(scheduler_output) if window else {}
     counts = {
-        req_id: 1 + len(drafts.get(req_id, ())) if window else num_tokens
+        req_id: _step_one_share(req_id, num_tokens, window, drafts, prompts)
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
         if req_id not in dropped
     }
@@ -216,3 +237,18 @@ def _step_one(
         skip_drafts=False if window else scheduler_output.skip_drafts,
         multi_step_window=0,
     )
+
+
+def _step_one_share(
+    req_id: str,
+    num_tokens: int,
+    window: int,
+    drafts: dict[str, list[int]],
+    prompts: "dict[str, PromptShare]",
+) -> int:
+    """A request's tokens in the step the runner executes first."""
+    if not window:
+        return num_tokens
+    if req_id in prompts:
+        return prompts[req_id].num_tokens
+    return 1 + len(drafts.get(req_id, ()))

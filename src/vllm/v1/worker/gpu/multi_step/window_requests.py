@@ -9,6 +9,10 @@ stop_token_ids: the first checks of `check_stop`, vllm/v1/core/sched/utils.py).
 Stops the worker cannot see (stop strings, length, repetition detection) are
 found by the scheduler and the frontend, which discard what follows.
 
+A request admitted in the window's schedule runs its prompt's share in step 1
+and, where that completes the prompt, decodes with the others from step 2 on
+(`prompt_shares`).
+
 Without drafts every step runs each request one position further, so a
 request's last step is known up front (`PlainRequests`). With k drafts a step
 processes 1 + d positions and generates 1 + the accepted drafts, so positions
@@ -22,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from typing import NamedTuple
 
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
@@ -40,6 +45,31 @@ class WindowStart:
     max_tokens: dict[str, int]
 
 
+class PromptShare(NamedTuple):
+    """A request admitted in a window's schedule, in the window's step 1."""
+
+    # Its computed count (prefix-cache hits) before the step.
+    num_computed: int
+    # Tokens of its prompt step 1 runs.
+    num_tokens: int
+    # Positions of step 1 that sample no token: a prompt's all but its last;
+    # all of a chunk that does not complete it (it leaves after step 1).
+    num_silent: int
+
+
+def prompt_shares(window: SchedulerOutput) -> dict[str, PromptShare]:
+    """The share of step 1 of each request a window's schedule admitted."""
+    shares = {}
+    for new_req in window.scheduled_new_reqs:
+        num_left = len(new_req.prefill_token_ids) - new_req.num_computed_tokens
+        num_tokens = min(window.num_scheduled_tokens[new_req.req_id], num_left)
+        completes = num_tokens == num_left
+        shares[new_req.req_id] = PromptShare(
+            new_req.num_computed_tokens, num_tokens, num_tokens - completes
+        )
+    return shares
+
+
 class WindowRequests(ABC):
     """The requests still in a window after each step."""
 
@@ -50,11 +80,19 @@ class WindowRequests(ABC):
         self.num_spec_tokens_to_schedule = window.num_spec_tokens_to_schedule
         self._start = dict(zip(cached.req_ids, cached.num_computed_tokens))
         self._num_outputs = dict(zip(cached.req_ids, cached.num_output_tokens))
+        # Positions of a request's share of the window that sample no token.
+        self._num_silent = dict.fromkeys(cached.req_ids, 0)
+        for req_id, share in prompt_shares(window).items():
+            # where its step 1 samples, as a decoding request's step 1 does
+            self._start[req_id] = share.num_computed + share.num_silent
+            self._num_outputs[req_id] = 0
+            self._num_silent[req_id] = share.num_silent
         self._stop_ids = start.stop_ids
-        # Request -> output tokens it may still generate, where known.
+        # Request -> output tokens it may still generate, where known (an
+        # admitted request's count is not: its positions bound it).
         self._tokens_left = {
             req_id: start.max_tokens[req_id] - self._num_outputs[req_id]
-            if req_id in start.max_tokens
+            if req_id in start.max_tokens and req_id in cached.req_ids
             else None
             for req_id in start.req_ids
         }
@@ -113,7 +151,7 @@ class PlainRequests(WindowRequests):
         self._last_steps = {
             req_id: _last_plain_step(
                 self.window_size,
-                start.window.num_scheduled_tokens[req_id],
+                start.window.num_scheduled_tokens[req_id] - self._num_silent[req_id],
                 self._tokens_left[req_id],
             )
             for req_id in self.running
@@ -162,7 +200,8 @@ class DraftedRequests(WindowRequests):
         self.num_spec_tokens = num_spec_tokens
         self._progress = {
             req_id: RequestInWindow(
-                start.window.num_scheduled_tokens[req_id], self._tokens_left[req_id]
+                start.window.num_scheduled_tokens[req_id] - self._num_silent[req_id],
+                self._tokens_left[req_id],
             )
             for req_id in self.running
         }
