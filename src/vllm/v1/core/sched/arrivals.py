@@ -12,6 +12,8 @@ can admit the request at its next schedule. A read is one load from host
 memory: no device sync, no message to the engine core.
 """
 
+import contextlib
+import weakref
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 from unittest import mock
@@ -32,6 +34,9 @@ class ArrivalCounter:
         self._count = np.ndarray((1,), dtype=np.uint64, buffer=self._shm.buf)
         self._count[0] = 0
         self.num_seen = 0
+        # Unlinked when the scheduler goes (an `LLM` made after another) or
+        # at exit, not left to the resource tracker's leak warning.
+        self._release = weakref.finalize(self, _release, self._shm)
 
     @property
     def name(self) -> str:
@@ -45,8 +50,7 @@ class ArrivalCounter:
 
     def close(self) -> None:
         del self._count
-        self._shm.close()
-        self._shm.unlink()
+        self._release()
 
 
 class ArrivalReader:
@@ -83,6 +87,13 @@ class ArrivalReader:
 
 def _no_register(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _release(shm: shared_memory.SharedMemory) -> None:
+    # At exit the counter's view may still hold the buffer: unlink all the same.
+    with contextlib.suppress(BufferError):
+        shm.close()
+    shm.unlink()
 
 
 def note_arrival(engine_core: Any) -> None:
