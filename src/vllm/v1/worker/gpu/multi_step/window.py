@@ -31,6 +31,7 @@ from vllm.v1.outputs import (
 )
 from vllm.v1.worker.gpu.multi_step.inner_steps import InnerSteps, pick_inner_steps
 from vllm.v1.worker.gpu.multi_step.window_requests import (
+    WindowRequests,
     WindowStart,
     only,
     prompt_shares,
@@ -149,20 +150,20 @@ class ModelRunnerV2Windows:
             # step in flight under async scheduling: max_tokens is no bound.
             {} if self.async_scheduling else self._max_tokens,
         )
-        steps, spec_counts, yielded = self._run_window(start, resolve_output(first))
+        steps, requests, yielded = self._run_window(start, resolve_output(first))
         merged = merge_step_outputs(steps)
+        spec_counts = requests.spec_counts()
         if spec_counts:
             merged.multi_step_spec_counts = spec_counts
         merged.multi_step_yielded = yielded
-        self._cut_windows.record(pending.window, merged)
+        self._cut_windows.record(pending.window, requests, merged)
         return returned_like(first, merged)
 
     def _run_window(
         self, start: WindowStart, first: ModelRunnerOutput
-    ) -> tuple[list[ModelRunnerOutput], dict[str, list[tuple[int, int]]], bool]:
-        """Run a window's steps after step 1: every step's output, per request
-        each step's (drafts, accepted) where it verified drafts, and whether
-        the window yielded to an arrival."""
+    ) -> tuple[list[ModelRunnerOutput], WindowRequests, bool]:
+        """Run a window's steps after step 1: every step's output, the tracker
+        of its requests, and whether the window yielded to an arrival."""
         inner_steps = self.inner_steps
         requests = inner_steps.requests(start)
         steps = [first]
@@ -175,7 +176,7 @@ class ModelRunnerV2Windows:
             steps.append(inner_steps.sample())
         self._stopped = requests.stopped
         self._count(len(steps), yielded)
-        return steps, requests.spec_counts(), yielded
+        return steps, requests, yielded
 
     def _track_requests(self, scheduler_output: SchedulerOutput) -> None:
         """Remember each new request's stop tokens and max_tokens until it

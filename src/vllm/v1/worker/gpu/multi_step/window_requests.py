@@ -80,7 +80,9 @@ class WindowRequests(ABC):
         self.num_spec_tokens_to_schedule = window.num_spec_tokens_to_schedule
         self._start = dict(zip(cached.req_ids, cached.num_computed_tokens))
         self._num_outputs = dict(zip(cached.req_ids, cached.num_output_tokens))
-        # Positions of a request's share of the window that sample no token.
+        # Positions the scheduler gave each request for the window, and those
+        # of them that sample no token (an admitted prompt's share of step 1).
+        self._num_positions = window.num_scheduled_tokens
         self._num_silent = dict.fromkeys(cached.req_ids, 0)
         for req_id, share in prompt_shares(window).items():
             # where its step 1 samples, as a decoding request's step 1 does
@@ -124,6 +126,15 @@ class WindowRequests(ABC):
     def spec_counts(self) -> dict[str, list[tuple[int, int]]]:
         """Per request each step's (drafts, accepted), where it had drafts."""
         return {}
+
+    def computed_after(self, req_id: str, num_tokens: int) -> tuple[int, int]:
+        """A request's computed count after the window as the scheduler
+        planned it (every position it gave used), and as it is once the
+        request generated `num_tokens` in the window (one position each,
+        after step 1's positions that sample none)."""
+        start = self._start[req_id]
+        planned = start - self._num_silent[req_id] + self._num_positions[req_id]
+        return planned, start + num_tokens
 
     @abstractmethod
     def _still_running(self, output: ModelRunnerOutput) -> dict[str, int]:

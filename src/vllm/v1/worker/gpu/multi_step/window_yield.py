@@ -18,11 +18,11 @@ import torch.distributed as dist
 
 from vllm.v1.core.sched.arrivals import ArrivalReader
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.worker.gpu.multi_step.window_requests import prompt_shares
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu.multi_step.window_requests import WindowRequests
 
 
 class ArrivalWatch:
@@ -61,25 +61,24 @@ class CutWindows:
     """
 
     def __init__(self) -> None:
-        # req_id -> (computed count the scheduler assumes, the true one)
+        # req_id -> (computed count the scheduler planned, the true one)
         self._cut: dict[str, tuple[int, int]] = {}
 
-    def record(self, window: SchedulerOutput, merged: "ModelRunnerOutput") -> None:
+    def record(
+        self,
+        window: SchedulerOutput,
+        requests: "WindowRequests",
+        merged: "ModelRunnerOutput",
+    ) -> None:
         """Note the requests a window without drafts left short."""
         self._cut = {}
         if window.scheduled_spec_decode_tokens:
             return  # the runner places drafted steps from its own state
-        cached = window.scheduled_cached_reqs
-        start = dict(zip(cached.req_ids, cached.num_computed_tokens))
-        silent = dict.fromkeys(cached.req_ids, 0)
-        for req_id, share in prompt_shares(window).items():
-            start[req_id], silent[req_id] = share.num_computed, share.num_silent
-        scheduled = window.num_scheduled_tokens
         for req_id, tokens in zip(merged.req_ids, merged.sampled_token_ids):
-            num_used = silent[req_id] + len(tokens)
-            if tokens and num_used < scheduled[req_id]:
-                begin = start[req_id]
-                self._cut[req_id] = (begin + scheduled[req_id], begin + num_used)
+            if tokens:
+                planned, true = requests.computed_after(req_id, len(tokens))
+                if true < planned:
+                    self._cut[req_id] = (planned, true)
 
     def correct(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
         """The step after a window, with the true computed count of each
