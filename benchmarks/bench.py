@@ -13,6 +13,9 @@ benchmarks/harness/results.py: --json PATH, or benchmarks/results/<kind>_<date>.
                   .tool-venv/bin/python benchmarks/bench.py offline --model tiny --rounds 3 --plot out.png
   serve         through `vllm serve`: `vllm bench serve` against each build's server in turn
                   .tool-venv/bin/python benchmarks/bench.py serve --rounds 3 --overlay-args="--num-scheduler-steps 8"
+  serve-mix     served traffic mixes (plain, production, long prompts) at several rates, one
+                server at a time: upstream, overlay N = 1 and N = 8 (benchmarks/traffic_client.py)
+                  .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2
   spec          speculative decoding alone and inside multi-step windows
                   .tool-venv/bin/python benchmarks/bench.py spec --drafter self --rounds 2
   profile       py-spy: where the worker's (or engine core's) wall time goes during offline decode
@@ -39,11 +42,12 @@ import argparse
 import os
 import sys
 
-from harness import figures, forward_only, offline, profile, serve, spec, tool_timings
+from harness import figures, forward_only, offline, profile, serve, serve_mix, spec, tool_timings
 
 SUBCOMMANDS = {
     "offline": offline,
     "serve": serve,
+    "serve-mix": serve_mix,
     "spec": spec,
     "profile": profile,
     "forward-only": forward_only,

@@ -43,6 +43,7 @@ SCHEMA = "vllm-overlay-result/1"
 KINDS = {
     "offline": "bench.py offline: vllm.LLM throughput, upstream against overlay configurations",
     "serve": "bench.py serve: `vllm bench serve` against each build's server",
+    "serve-mix": "bench.py serve-mix: served traffic mixes at several rates, upstream and overlay N = 1 and N = 8",
     "spec": "bench.py spec: speculative decoding, alone and inside multi-step windows",
     "profile": "bench.py profile: py-spy shares of a process's wall time",
     "forward-only": "bench.py forward-only: the model's decode forward alone, in-process",

@@ -102,6 +102,8 @@ def _configs() -> dict[str, Config]:
         Config("eagle-N1", "llama", {}, 1, drafter="eagle", structured=False, draft_params=True),
         Config("mtp-N1", "mimo", {}, 1, drafter="mtp", structured=False, draft_params=True),
         Config("mtp-N4", "mimo", {}, 4, drafter="mtp", structured=False, draft_params=True),
+        # Structured requests on the other backend vLLM ships (an engine holds one backend)
+        Config("guidance-N8", "llama", {"structured_outputs_config": {"backend": "guidance"}}, 8),
         Config("qwen3-N8", "qwen3", {}, 8),
         Config("qwen3-N4-sync", "qwen3", {}, 4, async_off=True),
         Config("qwen3-N16", "qwen3", {}, 16),

@@ -15,7 +15,8 @@ from overlay.fuzz.configs import Config
 ARRIVAL_S = 0.02
 OPENAI_FIELDS = {"max_tokens", "temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
                  "logprobs", "stop", "n", "logit_bias"}  # fmt: skip
-SERVED = Config("served-N8", "llama", {}, 8, structured=False)  # batches for `vllm serve --num-scheduler-steps 8`
+# batches for `vllm serve --num-scheduler-steps 8` (structured outputs in the request's body)
+SERVED = Config("served-N8", "llama", {}, 8)
 
 
 def run_served(server, batch: dict, model: str) -> dict:

@@ -128,13 +128,20 @@ def test_mrv2_windows_ran(parity_run, engine, steps, async_mode):
         assert (runner, kind, reused) == ("CPUModelRunner", "RunnerInnerSteps", ""), found
 
 
-def test_structured_output_runs_one_step_per_schedule(parity_run):
-    """Grammar masks are per step, so structured batches are never windowed."""
+def test_structured_output_steps(parity_run):
+    """On Model Runner V1 a grammar mask is filled per engine step, so structured batches are
+    never windowed; on Model Runner V2 they run windows, each inner step masked by the worker's
+    copy of the grammar (test_multi_step_structured.py covers every option and both backends).
+    The tokens match upstream's either way (test_multi_step_matches_upstream)."""
     structured = [STRUCTURED_CASE]
     ours = case_outputs(parity_run("overlay", "llama", "default", 8), "llama", structured)
     theirs = case_outputs(parity_run("upstream", "llama"), "llama", structured)
-    # Windows would cut the step count to about a quarter; async timing moves it by a step or two.
-    assert ours["counters"][STEPS] >= 0.9 * theirs["counters"][STEPS], (ours["counters"], theirs["counters"])
+    ratio = ours["counters"][STEPS] / theirs["counters"][STEPS]
+    if windows_runner() == "mrv2":
+        assert ratio < 0.45, (ours["counters"], theirs["counters"])
+    else:
+        # Windows would cut the step count to about a quarter; async timing moves it by a step or two.
+        assert ratio >= 0.9, (ours["counters"], theirs["counters"])
     texts = [r["outputs"][0]["text"] for r in theirs["cases"][0]]
     assert all(t.startswith("{") for t in texts), texts  # the grammar constrained the oracle
 

@@ -128,7 +128,7 @@ def free_port() -> int:
 class Server:
     """An OpenAI-compatible vLLM server on 127.0.0.1, logging to a file."""
 
-    def __init__(self, cmd: list, log: Path):
+    def __init__(self, cmd: list, log: Path, extra_env: dict | None = None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -137,7 +137,7 @@ class Server:
                 [str(c) for c in cmd] + ["--host", "127.0.0.1", "--port", str(self.port)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=engine_env(),
+                env=engine_env(extra_env),
             )
 
     def wait_ready(self, timeout: float = 300) -> None:

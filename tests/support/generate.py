@@ -5,6 +5,7 @@ spec can be run on both and the outputs compared token for token.
 
 Usage: python generate.py SPEC.json OUT.json, where SPEC is
 {"llm": {LLM kwargs}, "cases": [{"prompts": [...], "params": {SamplingParams kwargs}}]}
+(and optionally "env": variables set for the engine, e.g. each rank's CPU threads)
 and/or "batches" (the fuzzer's, run by engine_batches.py after the cases, so one
 engine start serves a parity run and the fuzzer's slice);
 or python generate.py --serve, which runs one such job per line of standard
@@ -62,6 +63,7 @@ def run(spec_path: str, out_path: str) -> None:
         spec = json.load(f)
     from vllm import LLM
 
+    os.environ.update(spec.get("env", {}))  # e.g. the CPU threads each rank binds; --serve restores it
     # The multiprocessing executor, as without VLLM_ENABLE_V1_MULTIPROCESSING=0 (engines.py):
     # the model runs in its own worker process behind the shared-memory queues.
     llm = LLM(**{"disable_log_stats": False, "distributed_executor_backend": "mp", **spec["llm"]})
@@ -87,15 +89,26 @@ def run(spec_path: str, out_path: str) -> None:
 
 
 def _case(llm, case: dict) -> list[dict]:
+    """One batch: the same parameters for every prompt, or a list of them (one per prompt); a
+    prompt is text or token ids."""
+    params = case["params"]
+    sampling = [_sampling(p) for p in params] if isinstance(params, list) else _sampling(params)
+    prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in case["prompts"]]
+    results = llm.generate(prompts, sampling, use_tqdm=False)
+    return [{"prompt_logprobs": prompt_logprobs(r), "outputs": [output(c) for c in r.outputs]} for r in results]
+
+
+def _sampling(params: dict):
     from vllm import SamplingParams
 
-    params = dict(case["params"])
+    params = dict(params)
     if "structured_outputs" in params:  # e.g. {"json": schema}
         from vllm.sampling_params import StructuredOutputsParams
 
         params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
-    results = llm.generate(case["prompts"], SamplingParams(**params), use_tqdm=False)
-    return [{"prompt_logprobs": prompt_logprobs(r), "outputs": [output(c) for c in r.outputs]} for r in results]
+    if "logit_bias" in params:  # JSON keys are strings
+        params["logit_bias"] = {int(k): v for k, v in params["logit_bias"].items()}
+    return SamplingParams(**params)
 
 
 def prompt_logprobs(result) -> list | None:

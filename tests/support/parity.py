@@ -8,6 +8,8 @@ LOGPROB_TOL.
 
 from __future__ import annotations
 
+import json
+
 LOGPROB_TOL = 1e-4  # float32 on the same CPU kernels; observed differences are 0
 
 PROMPTS = [
@@ -74,6 +76,21 @@ PREFIX_CASES = [
     {"prompts": SHARED_PREFIX, "params": CASES["greedy"]},
     {"prompts": SHARED_PREFIX, "params": CASES["seeded"]},
 ]
+# Each structured-output option vLLM takes (StructuredOutputsParams fields), as the structured
+# tests and the fuzzer send them.
+CHOICES = ["alpha beta gamma", "delta epsilon", "zeta"]
+STRUCTURED_OPTIONS = {
+    "json": {"json": SCHEMA},
+    "json_object": {"json_object": True},
+    "regex": {"regex": r"[a-z]{3,8}( [0-9]{1,3}){2,5}"},
+    "choice": {"choice": CHOICES},
+    "grammar": {"grammar": 'root ::= "(" expr ")"\nexpr ::= [a-z]+ | [a-z]+ " " expr'},
+    "structural_tag": {
+        "structural_tag": json.dumps(
+            {"structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}], "triggers": ["<f"]}
+        )
+    },
+}
 STRUCTURED_CASE = {
     "prompts": PROMPTS[:4],
     "params": {"temperature": 0.0, "max_tokens": 40, "structured_outputs": {"json": SCHEMA}},

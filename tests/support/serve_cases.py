@@ -88,8 +88,8 @@ CASES = {
 
 
 @contextmanager
-def _serving(cmd: list, log: Path):
-    server = Server(cmd, log)
+def _serving(cmd: list, log: Path, extra_env: dict | None = None):
+    server = Server(cmd, log, extra_env)
     try:
         server.wait_ready()
         yield server
@@ -101,14 +101,15 @@ def _common(model: Path) -> list:
     return [model, "--dtype", "float32", "--max-model-len", "512", "--served-model-name", MODEL, "--seed", "0"]
 
 
-def upstream_server(upstream_python: Path, model: Path, log: Path):
-    """Upstream's api_server, the oracle (its `vllm` command cannot start)."""
-    return _serving([upstream_python, "-m", "vllm.entrypoints.openai.api_server", "--model", *_common(model)], log)
+def upstream_server(upstream_python: Path, model: Path, log: Path, args=(), extra_env: dict | None = None):
+    """Upstream's api_server, the oracle (its `vllm` command cannot start), with ``args``."""
+    cmd = [upstream_python, "-m", "vllm.entrypoints.openai.api_server", "--model", *_common(model), *args]
+    return _serving(cmd, log, extra_env)
 
 
-def overlay_server(overlay_python: Path, model: Path, log: Path, args=()):
+def overlay_server(overlay_python: Path, model: Path, log: Path, args=(), extra_env: dict | None = None):
     """The overlay's `vllm serve`, with ``args`` beyond upstream's."""
-    return _serving([overlay_python.parent / "vllm", "serve", *_common(model), *args], log)
+    return _serving([overlay_python.parent / "vllm", "serve", *_common(model), *args], log, extra_env)
 
 
 @contextmanager

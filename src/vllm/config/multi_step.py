@@ -37,6 +37,11 @@ YIELD_KEY = "multi_step_yield"
 # admitted prompts' first tokens sampled there (vllm/v1/core/sched/multi_step.py,
 # `join`): on unless this key is false (then such a schedule is a single step).
 JOIN_KEY = "multi_step_join"
+# Model Runner V2: structured-output requests run in windows, the worker masking
+# each inner step with its own copy of the request's grammar
+# (vllm/v1/worker/gpu/multi_step/window_grammar.py): on unless this key is false
+# (then a batch that holds one runs single steps). Not with drafts.
+STRUCTURED_OUTPUT_KEY = "multi_step_structured_output"
 # How many inner steps the device loop runs between looks at its alive mask.
 # On a CPU a look reads a host tensor (no sync: a few microseconds a step, so
 # every step); on an accelerator it is a host sync, so every 8 steps, the
@@ -112,6 +117,12 @@ def join_enabled(vllm_config: "VllmConfig") -> bool:
     """Whether admitted requests join windows (JOIN_KEY). Raises ValueError
     naming the key for a value of the wrong type."""
     return _bool_option(_additional(vllm_config), JOIN_KEY)
+
+
+def structured_output_enabled(vllm_config: "VllmConfig") -> bool:
+    """Whether windows hold structured-output requests (STRUCTURED_OUTPUT_KEY).
+    Raises ValueError naming the key for a value of the wrong type."""
+    return _bool_option(_additional(vllm_config), STRUCTURED_OUTPUT_KEY)
 
 
 def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
@@ -293,6 +304,7 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             batch_reuse_enabled(vllm_config),
             yield_enabled(vllm_config),
             join_enabled(vllm_config),
+            structured_output_enabled(vllm_config),
         )
         return
     logger.info(
@@ -317,6 +329,7 @@ def _log_model_runner_v2_windows(
     batch_reuse: bool,
     yields: bool,
     joins: bool,
+    grammars: bool,
 ) -> None:
     additional = _additional(vllm_config)
     if DEVICE_WINDOW_KEY in additional and BATCH_REUSE_KEY not in additional:
@@ -342,10 +355,22 @@ def _log_model_runner_v2_windows(
         )
     else:
         inner = "the runner's own execute_model and sampler"
+    if speculative_config is not None:
+        structured = "a batch with structured-output requests runs single steps"
+    elif grammars:
+        structured = (
+            "structured-output requests run in windows, each inner step masked "
+            "by the worker's copy of their grammar"
+        )
+    else:
+        structured = (
+            "a batch with structured-output requests runs single steps "
+            f"({STRUCTURED_OUTPUT_KEY}: false)"
+        )
     logger.info(
         "Multi-step decode: up to %d decode steps per scheduler call on Model "
         "Runner V2, each inner step %s (async scheduling %s; a window %s; "
-        "%s).",
+        "%s; %s).",
         steps,
         inner,
         "on" if vllm_config.scheduler_config.async_scheduling else "off",
@@ -355,6 +380,7 @@ def _log_model_runner_v2_windows(
         "admitted requests join a window at their first token"
         if joins
         else f"a schedule that admits requests is a single step ({JOIN_KEY}: false)",
+        structured,
     )
     if device_type not in MODEL_RUNNER_V2_WINDOWS_RAN_ON:
         logger.warning(

@@ -13,6 +13,7 @@ from collections import deque
 
 import pytest
 
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.v1.core.sched.multi_step import MODEL_RUNNER_V2, DecodeWindowPlanner
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
@@ -371,3 +372,103 @@ def test_window_drafts_are_counted_up_to_max_tokens():
     stats = scheduler.multi_step.settle(request, 11, [TOKEN] * 11, counts, None)
     counted = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
     assert counted == (3, 9, 3)
+
+
+class _Grammar:
+    """A grammar that takes every token and records them (the engine core's
+    copy, as update_from_output advances it)."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        self.accepted.extend(tokens)
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def _structured_requests(num_requests: int, **kwargs) -> list[Request]:
+    params = SamplingParams(
+        max_tokens=16, structured_outputs=StructuredOutputsParams(regex="[0-9]+")
+    )
+    requests = create_requests(
+        num_requests=num_requests, sampling_params=params, **kwargs
+    )
+    for request in requests:
+        assert request.structured_output_request is not None
+        request.structured_output_request.grammar = _Grammar()
+    return requests
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="windows hold structured output on Model Runner V2"
+)
+@pytest.mark.parametrize("grammar_windows", [True, False])
+def test_structured_output_requests_run_in_windows(grammar_windows):
+    """A batch with a structured-output request runs windows (the worker masks
+    their inner steps), and the engine core's grammar takes every window token;
+    where windows do not hold them, single steps."""
+    scheduler = _scheduler(4)
+    scheduler.multi_step.grammar_windows = grammar_windows
+    (plain,) = create_requests(num_requests=1, req_ids=["plain"])
+    (structured,) = _structured_requests(1, req_ids=["structured"])
+    _prefill(scheduler, [plain, structured])
+    sched_output = scheduler.schedule()
+    assert sched_output.has_structured_output_requests
+    if not grammar_windows:
+        assert not sched_output.multi_step_window
+        return
+    assert sched_output.multi_step_window == 4
+    assert sched_output.num_scheduled_tokens == {"plain": 4, "structured": 4}
+    scheduler.update_from_output(sched_output, _output(sched_output))
+    grammar = structured.structured_output_request.grammar
+    assert grammar.accepted == [TOKEN] * 5  # its first token, then the window's
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="windows hold structured output on Model Runner V2"
+)
+def test_reasoning_state_goes_to_the_worker_with_a_new_request():
+    """The worker's copy of a grammar starts where the engine core's request
+    stands with reasoning (the frontend may have ended it already)."""
+    scheduler = _scheduler(4, joins=True)
+    (plain,) = create_requests(num_requests=1, req_ids=["plain"])
+    ended, reasoning = _structured_requests(2, req_ids=["ended", "reasoning"])
+    ended.structured_output_request.reasoning_ended = True
+    reasoning.structured_output_request.reasoning_parser_kwargs = {"effort": "low"}
+    _prefill_and_settle(scheduler, [plain])
+    scheduler.add_request(ended)
+    scheduler.add_request(reasoning)
+    window = scheduler.schedule()
+    assert window.multi_step_window  # the structured requests join it
+    assert window.multi_step_reasoning == {
+        "ended": (True, None),
+        "reasoning": (None, {"effort": "low"}),
+    }
+    scheduler.update_from_output(window, _worker_output(window))
+    assert scheduler.schedule().multi_step_reasoning is None
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="windows hold structured output on Model Runner V2"
+)
+def test_a_window_waits_for_grammar_tokens_only_in_flight():
+    """Under async scheduling the engine core defers a step's grammar bitmask
+    while tokens of a structured-output request are in flight, and it must
+    find a step to wait for: a window's own placeholders are not such tokens
+    (the engine died popping an empty batch queue when they were)."""
+    scheduler = _scheduler(4, async_scheduling=True)
+    (structured,) = _structured_requests(1)
+    scheduler.add_request(structured)
+    prefill = scheduler.schedule()
+    scheduler.update_from_output(prefill, _output(prefill))
+    window = scheduler.schedule()  # nothing in flight
+    assert window.multi_step_window
+    assert not window.pending_structured_output_tokens
+    second = scheduler.schedule()  # planned while the first window is in flight
+    assert second.pending_structured_output_tokens
+    for sched_output in (window, second):
+        scheduler.update_from_output(sched_output, _output(sched_output))
+    assert structured.num_output_placeholders == 0

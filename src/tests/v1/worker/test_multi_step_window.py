@@ -7,6 +7,7 @@ requests leave a window (merging the steps' outputs: test_window_output.py)."""
 import dataclasses
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,9 +16,15 @@ from vllm.config.multi_step import (
     SPEC_DEFAULTS_IN_MODEL_RUNNER_V2_WINDOWS,
     _model_runner_v2_spec_reasons,
 )
-from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+from vllm.v1.core.sched.output import (
+    CachedRequestData,
+    GrammarOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.worker.gpu.multi_step import window_grammar
 from vllm.v1.worker.gpu.multi_step.window import ModelRunnerV2Windows
 
 EOS = 2
@@ -40,6 +47,24 @@ class ScriptedRunner:
         self.execute_model_state = None
         # The tokens each inner step's post_update wrote, in row order.
         self.updates: list[list[int]] = []
+        # Each inner step's grammar masks.
+        self.grammar_outputs: list = []
+        # Each request's token history, as the standalone runner keeps it:
+        # two prompt tokens, then what it sampled.
+        self.req_states = SimpleNamespace(
+            req_id_to_index={r: i for i, r in enumerate(scripts)},
+            all_token_ids=torch.zeros(len(scripts), 64, dtype=torch.int32),
+            total_len=torch.full((len(scripts),), 2, dtype=torch.int32),
+        )
+
+    def _history(self, req_ids: list[str], tokens: list) -> None:
+        states = self.req_states
+        for req_id, sampled in zip(req_ids, tokens):
+            index = states.req_id_to_index.get(req_id)
+            for token in sampled if isinstance(sampled, list) else [sampled]:
+                if index is not None and token:
+                    states.all_token_ids[index, states.total_len[index]] = token
+                    states.total_len[index] += 1
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self.steps.append(scheduler_output)
@@ -50,7 +75,8 @@ class ScriptedRunner:
             query_start_loc=torch.arange(len(req_ids) + 1),
         )
         self.execute_model_state = SimpleNamespace(
-            input_batch=inputs, hidden_states=torch.zeros(len(req_ids), 4)
+            input_batch=inputs,
+            hidden_states=torch.zeros(len(req_ids), 4),
         )
 
     def _next_tokens(self, req_ids: list[str]) -> list[int]:
@@ -60,6 +86,7 @@ class ScriptedRunner:
         executed, self.execute_model_state = self.execute_model_state, None
         req_ids = executed.input_batch.req_ids
         tokens = self._next_tokens(req_ids)
+        self._history(req_ids, tokens)
         return ModelRunnerOutput(
             req_ids=req_ids,
             # 0: a prompt chunk, which samples nothing
@@ -69,8 +96,11 @@ class ScriptedRunner:
         )
 
     def sample(self, hidden_states, inputs, grammar_output):
-        assert grammar_output is None and hidden_states.shape[0] == len(inputs.req_ids)
-        sampled = torch.tensor(self._next_tokens(inputs.req_ids)).view(-1, 1)
+        assert hidden_states.shape[0] == len(inputs.req_ids)
+        self.grammar_outputs.append(grammar_output)
+        tokens = self._next_tokens(inputs.req_ids)
+        self._history(inputs.req_ids, tokens)
+        sampled = torch.tensor(tokens).view(-1, 1)
         num_sampled = torch.ones(len(inputs.req_ids), dtype=torch.int32)
         output = SimpleNamespace(
             sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None
@@ -428,3 +458,107 @@ def test_an_admitted_request_runs_its_prompt_in_step_one_then_decodes():
         [12, 3],
     ]
     assert output.sampled_token_ids[:2] == [[8, 9, 10], [20, 21, 22]]
+
+
+REJECTED = 99  # a token the grammars below do not take
+
+
+class CopyManager:
+    """Stands in for the worker's StructuredOutputManager: a grammar takes any
+    token but REJECTED, and a request's bitmask row holds how many tokens (its
+    prompt's and those fed) its copy has taken."""
+
+    def __init__(self, vllm_config) -> None:
+        self.fed: dict[str, list[int]] = {}
+
+    def grammar_init(self, request) -> None:
+        request.structured_output_request.grammar = object()  # compiled
+        self.fed[request.request_id] = []
+
+    def accept_tokens(self, request, token_ids: list[int]) -> bool:
+        assert request.all_token_ids[-len(token_ids) :] == token_ids
+        self.fed[request.request_id] += token_ids
+        return REJECTED not in token_ids
+
+    def grammar_bitmask(self, requests, req_ids, spec_tokens):
+        return np.array(
+            [[len(requests[r].all_token_ids)] for r in req_ids], dtype=np.int32
+        )
+
+
+def _structured(req_id: str) -> NewRequestData:
+    new_req = new_request(req_id)
+    new_req.sampling_params = SamplingParams(
+        max_tokens=16, structured_outputs=StructuredOutputsParams(regex="[0-9]+")
+    )
+    return new_req
+
+
+def make_structured(scripts: dict[str, list], monkeypatch, reasoning=(None, None)):
+    """Requests "s" (structured output) and the others (plain), past their prompts."""
+    monkeypatch.setattr(window_grammar, "StructuredOutputManager", CopyManager)
+    runner = ScriptedRunner(scripts)
+    windows = ModelRunnerV2Windows(Worker(runner), Config(True))
+    new = [_structured(r) if r == "s" else new_request(r) for r in scripts]
+    prompts = step(dict.fromkeys(scripts, 2), 0, new)
+    prompts.multi_step_reasoning = {"s": reasoning}
+    run_step(windows, prompts)
+    return runner, windows
+
+
+def run_masked_step(windows, scheduler_output, masked: list[str]):
+    """A step whose step 1 the engine core masked for `masked`."""
+    first = windows.first_step(scheduler_output)
+    windows.model_runner.execute_model(first)
+    masks = np.zeros((len(masked), 1), dtype=np.int32)
+    return windows.sample_tokens(GrammarOutput(masked, masks))
+
+
+def test_inner_steps_of_a_structured_request_are_masked_by_the_workers_copy(
+    monkeypatch,
+):
+    runner, windows = make_structured(
+        {"s": [7, 8, 9, 10], "p": [7, 8, 9, 10]}, monkeypatch
+    )
+    manager = windows._grammars._manager
+    runner.steps.clear()
+    output = run_masked_step(windows, step({"s": 3, "p": 3}, 3), ["s"])
+    assert output.sampled_token_ids == [[8, 9, 10], [8, 9, 10]]
+    # Each inner step masks "s" alone, from its copy after every token sampled
+    # so far: prompt (2), its first token (7), then each step's.
+    masks = [
+        (g.structured_output_request_ids, g.grammar_bitmask.tolist())
+        for g in runner.grammar_outputs
+    ]
+    assert masks == [(["s"], [[4]]), (["s"], [[5]])]
+    # fed one at a time, the window's last token too (the next window's step 1
+    # is masked by the engine core; its inner steps by this copy again)
+    assert manager.fed["s"] == [7, 8, 9, 10]
+
+
+def test_a_copy_starts_where_the_engine_cores_request_stands_with_reasoning(
+    monkeypatch,
+):
+    _runner, windows = make_structured(
+        {"s": [7]}, monkeypatch, (True, {"effort": "low"})
+    )
+    copy = windows._grammars._requests["s"]
+    assert copy.structured_output_request.reasoning_ended is True
+    assert copy.structured_output_request.reasoning_parser_kwargs == {"effort": "low"}
+    assert copy.prompt_token_ids == [5, 6] and copy.all_token_ids == [5, 6]
+
+
+def test_a_copy_that_rejects_a_token_ends_its_windows_after_step_one(monkeypatch):
+    runner, windows = make_structured(
+        {"s": [7, 8, REJECTED, 10, 11, 12], "p": [7, 8, 9, 10, 11, 12]}, monkeypatch
+    )
+    runner.steps.clear()
+    output = run_masked_step(windows, step({"s": 4, "p": 4}, 4), ["s"])
+    # The token sampled under the copy's mask is kept; the window ends there.
+    assert output.sampled_token_ids == [[8, REJECTED], [8, 9]]
+    assert len(runner.steps) == 2
+    # From then on its windows end after step 1: it runs single steps.
+    runner.steps.clear()
+    output = run_masked_step(windows, step({"s": 4, "p": 4}, 4), ["s"])
+    assert output.sampled_token_ids == [[10], [10]]
+    assert len(runner.steps) == 1

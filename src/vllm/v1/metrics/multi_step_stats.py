@@ -16,7 +16,8 @@ class SingleStepReason(str, Enum):
     ARRIVAL = "arrival"
     # A prompt is prefilled in chunks, or the step held only prompts.
     PREFILL = "prefill"
-    # A request with structured output runs (its grammar mask is per step).
+    # A request with structured output runs where windows do not hold one
+    # (Model Runner V1, drafts, or multi_step_structured_output off).
     STRUCTURED_OUTPUT = "structured_output"
     # A resumable (streaming-input) request runs.
     RESUMABLE = "resumable"

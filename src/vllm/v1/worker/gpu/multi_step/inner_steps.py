@@ -77,9 +77,13 @@ class InnerSteps:
         """Execute the next inner step of `requests.running`."""
         self.model_runner.execute_model(requests.next_step())
 
-    def sample(self) -> ModelRunnerOutput:
-        """Sample the inner step just executed."""
-        return sample_inner_step(self.model_runner, self.model_runner.sample)
+    def sample(
+        self, grammar_output: "GrammarOutput | None" = None
+    ) -> ModelRunnerOutput:
+        """Sample the inner step just executed, masked by `grammar_output`."""
+        return sample_inner_step(
+            self.model_runner, self.model_runner.sample, grammar_output
+        )
 
     def describe(self) -> str:
         """What the periodic log says of these steps, beyond the windows."""
@@ -116,7 +120,11 @@ class DraftingInnerSteps(InnerSteps):
     def requests(self, start: WindowStart) -> WindowRequests:
         return DraftedRequests(start, self.num_spec_tokens)
 
-    def sample(self) -> ModelRunnerOutput:
+    def sample(
+        self, grammar_output: "GrammarOutput | None" = None
+    ) -> ModelRunnerOutput:
+        # The scheduler plans no window with drafts for structured output.
+        assert grammar_output is None, "drafted windows hold no grammar masks"
         return resolve_output(self.model_runner.sample_tokens(None))
 
 
@@ -152,11 +160,14 @@ def pick_inner_steps(
 
 
 def sample_inner_step(
-    model_runner: "GPUModelRunner", sample: "SampleFn"
+    model_runner: "GPUModelRunner",
+    sample: "SampleFn",
+    grammar_output: "GrammarOutput | None" = None,
 ) -> ModelRunnerOutput:
     """Sample the inner step the runner just executed with `sample` (the
-    runner's, or a stand-in drawing the same tokens) and upstream's state
-    update (`postprocess_sampled`: post_update advances computed counts, token
+    runner's, or a stand-in drawing the same tokens), its structured-output
+    requests masked by `grammar_output`, and upstream's state update
+    (`postprocess_sampled`: post_update advances computed counts, token
     history, last token, penalty counts).
 
     The rest of the runner's `sample_tokens` is left out: an inner step is a
@@ -171,7 +182,7 @@ def sample_inner_step(
     assert executed is not None and executed.hidden_states is not None
     step_batch = executed.input_batch
     step_sample, num_sampled, num_rejected = sample(
-        executed.hidden_states, step_batch, None
+        executed.hidden_states, step_batch, grammar_output
     )
     model_runner.postprocess_sampled(
         step_batch.idx_mapping,

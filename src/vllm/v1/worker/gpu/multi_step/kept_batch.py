@@ -166,8 +166,14 @@ class KeptBatchInnerSteps(InnerSteps):
         super().execute(requests)
         self.keep_executed()
 
-    def sample(self) -> "ModelRunnerOutput":
-        return sample_inner_step(self.standalone, self._sample)  # type: ignore[arg-type]
+    def sample(
+        self, grammar_output: "GrammarOutput | None" = None
+    ) -> "ModelRunnerOutput":
+        return sample_inner_step(
+            self.standalone,  # type: ignore[arg-type]
+            self._sample,
+            grammar_output,
+        )
 
     def describe(self) -> str:
         return (

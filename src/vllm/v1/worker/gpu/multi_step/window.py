@@ -16,7 +16,9 @@ Under async scheduling the next step is planned before the scheduler learns
 that a request stopped in this window; that step runs without it (the
 scheduler ignores outputs for finished requests), as the runner no longer
 advances its state. A window also ends after the inner step in flight when a
-request arrives (window_yield.py).
+request arrives (window_yield.py). The worker masks each inner step of a
+structured-output request with its own copy of the request's grammar
+(window_grammar.py).
 """
 
 from dataclasses import dataclass, replace
@@ -30,6 +32,7 @@ from vllm.v1.outputs import (
     ModelRunnerOutput,
 )
 from vllm.v1.worker.gpu.multi_step.inner_steps import InnerSteps, pick_inner_steps
+from vllm.v1.worker.gpu.multi_step.window_grammar import WindowGrammars
 from vllm.v1.worker.gpu.multi_step.window_requests import (
     WindowRequests,
     WindowStart,
@@ -92,6 +95,7 @@ class ModelRunnerV2Windows:
         self._inner_steps: InnerSteps | None = None
         self._arrivals = ArrivalWatch(vllm_config)
         self._cut_windows = CutWindows()
+        self._grammars = WindowGrammars(vllm_config)
         self._num_windows = 0
         self._num_steps = 0
         self._num_yielded = 0
@@ -150,7 +154,9 @@ class ModelRunnerV2Windows:
             # step in flight under async scheduling: max_tokens is no bound.
             {} if self.async_scheduling else self._max_tokens,
         )
-        steps, requests, yielded = self._run_window(start, resolve_output(first))
+        steps, requests, yielded = self._run_window(
+            start, resolve_output(first), grammar_output
+        )
         merged = merge_step_outputs(steps)
         spec_counts = requests.spec_counts()
         if spec_counts:
@@ -160,20 +166,30 @@ class ModelRunnerV2Windows:
         return returned_like(first, merged)
 
     def _run_window(
-        self, start: WindowStart, first: ModelRunnerOutput
+        self,
+        start: WindowStart,
+        first: ModelRunnerOutput,
+        first_grammar: "GrammarOutput | None",
     ) -> tuple[list[ModelRunnerOutput], WindowRequests, bool]:
         """Run a window's steps after step 1: every step's output, the tracker
         of its requests, and whether the window yielded to an arrival."""
         inner_steps = self.inner_steps
         requests = inner_steps.requests(start)
+        masks = self._grammars.start(first_grammar, start.req_ids, self.model_runner)
         steps = [first]
         yielded = False
         while requests.advance(steps[-1]):
             if self._arrivals.arrived(start.window):
                 yielded = True
                 break
+            if masks is not None and masks.lost:
+                break  # a grammar copy cannot follow: as single steps from here
             inner_steps.execute(requests)
-            steps.append(inner_steps.sample())
+            steps.append(
+                inner_steps.sample(masks.next_step(requests.running) if masks else None)
+            )
+            if masks is not None:
+                masks.accept(steps[-1])
         self._stopped = requests.stopped
         self._count(len(steps), yielded)
         return steps, requests, yielded
@@ -189,6 +205,7 @@ class ModelRunnerV2Windows:
         for req_id in scheduler_output.finished_req_ids:
             self._stop_ids.pop(req_id, None)
             self._max_tokens.pop(req_id, None)
+        self._grammars.track(scheduler_output)
 
     def _count(self, num_steps: int, yielded: bool) -> None:
         """Log the windows' mean length at 1, 2, 4, 8, ... windows."""

@@ -1,0 +1,113 @@
+"""Served traffic mixes: upstream, overlay N = 1 and overlay N = 8, one server at a time.
+
+Each arm's server (upstream: the unpatched build; N = 1: the overlay's defaults; N = 8: with
+--num-scheduler-steps 8) runs every mix at every rate, then stops before the next starts (an
+idle vLLM server's worker still takes CPU). The requests come from benchmarks/traffic_client.py
+(`vllm bench serve` gives every request the same parameters; a server's traffic mixes them):
+plain, production (70% sampled, 10% logprobs, 10% JSON schema, 10% stop strings) and long
+prompts, Poisson arrivals at each --rates value ("inf": all at once). Arms alternate order each
+round; the report gives each arm's medians over rounds, per mix and rate, and the ratios
+N = 8 / upstream, N = 1 / upstream and N = 8 / N = 1 (machines here are noisy: ratios travel,
+absolute numbers do not), with the N = 8 server's share of tokens made in windows (/metrics).
+
+  .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2 \
+      --mixes production --rates 32 inf
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from support.engines import Server, run_env
+
+from harness import builds, results
+from harness.paths import BENCHMARKS
+
+HELP = "served traffic mixes (plain, production, long prompts) at several rates: upstream, overlay N = 1 and N = 8"
+ARMS = {"upstream": None, "N1": [], "N8": ["--num-scheduler-steps", "8"]}
+METRICS = ["output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "errors"]
+RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1")]
+CLIENT_TIMEOUT_S = 1800
+
+
+def start_server(arm: str, pythons: dict[str, Path], model: Path, tmp: Path) -> Server:
+    common = [model, "--dtype", "float32", "--max-model-len", "2048", "--served-model-name", "m", "--seed", "0"]
+    if ARMS[arm] is None:  # the upstream CPU wheel's `vllm` command cannot start
+        cmd = [pythons[builds.UPSTREAM], "-m", "vllm.entrypoints.openai.api_server", "--model", *common]
+    else:
+        cmd = [pythons[builds.OVERLAY].parent / "vllm", "serve", *common, *ARMS[arm]]
+    server = Server(cmd, tmp / f"{arm}.log")
+    server.wait_ready()
+    return server
+
+
+def send(server: Server, client_python: Path, mix: str, rate: str, args, tmp: Path) -> dict:
+    out = tmp / f"{mix}-{rate}.json"
+    proc = run_env(
+        client_python, BENCHMARKS / "traffic_client.py", "--base-url", server.base, "--model", "m", "--mix", mix,
+        "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", "0", "--out", out,
+        timeout=CLIENT_TIMEOUT_S,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
+    return json.loads(out.read_text())["summary"]
+
+
+def window_share(server: Server) -> float | None:
+    """The share of generated tokens the server made in windows (None: no windows)."""
+    window = server.metric("vllm:multi_step_generation_tokens_total", reason="window")
+    total = server.metric("vllm:generation_tokens_total")
+    return window / total if total else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per mix and rate: each arm's medians over rounds, and the ratios of RATIOS."""
+    out: dict = {}
+    for mix, rate in dict.fromkeys((r["mix"], r["rate"]) for r in runs):
+        cell = [r for r in runs if (r["mix"], r["rate"]) == (mix, rate)]
+        med = {arm: {k: statistics.median(r[k] for r in cell if r["arm"] == arm) for k in METRICS}
+               for arm in dict.fromkeys(r["arm"] for r in cell)}  # fmt: skip
+        ratios = {f"{a}/{b}": {k: med[a][k] / med[b][k] for k in METRICS[:-1] if med[b][k]}
+                  for a, b in RATIOS if a in med and b in med}  # fmt: skip
+        out[f"{mix}@{rate}"] = {"median": med, "ratios": ratios}
+    return out
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--mixes", nargs="+", default=["plain", "production", "long"])
+    ap.add_argument("--rates", nargs="+", default=["8", "32", "64", "inf"])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--num-prompts", type=int, default=160)
+    results.add_json_argument(ap)
+
+
+def main(args) -> int:
+    pythons = builds.venvs()
+    model = builds.build_model(pythons[builds.UPSTREAM], "tiny")
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        for r in range(args.rounds):
+            for arm in args.arms if r % 2 == 0 else args.arms[::-1]:
+                server = start_server(arm, pythons, model, tmp)
+                try:
+                    for mix in args.mixes:
+                        for rate in args.rates:
+                            res = send(server, pythons[builds.OVERLAY], mix, rate, args, tmp)
+                            runs.append({"round": r + 1, "arm": arm, "mix": mix, "rate": rate, **res})
+                            print(f"round {r + 1} {arm:8} {mix:10} rate {rate:>4}: {json.dumps(res)}", flush=True)
+                    if arm == "N8":  # over the server's whole life: every mix and rate
+                        runs[-1]["window_share"] = window_share(server)
+                finally:
+                    server.stop()
+    summary = summarize(runs)
+    for cell, figures in summary.items():
+        print(cell, json.dumps(figures["ratios"]))
+    data = results.make("serve-mix", arguments=results.arguments(args), runs=runs, summary=summary,
+                        python=pythons[builds.OVERLAY])  # fmt: skip
+    results.write(data, args.json)
+    return 0

@@ -1,0 +1,137 @@
+"""Send one mix of requests to an OpenAI-compatible server and time each one.
+
+Runs under a vLLM venv's python (it needs the `openai` client vLLM brings), started by
+benchmarks/harness/serve_mix.py. `vllm bench serve` sends one set of sampling parameters to
+every request; a server's traffic mixes them, so this client draws each request's kind:
+
+  plain       sampled (temperature 0.8, seeded), 48-192 output tokens, EOS ignored
+  production  70% as plain, 10% with the top-5 logprobs of each token, 10% JSON schema
+              (structured outputs: it ends at the schema's end), 10% with stop strings
+  long        as plain, with 512-1536-token prompts (retrieval, chat histories): prompts that
+              need several chunks of the token budget
+
+Prompts are random token ids of the tiny models' vocabulary; arrivals are Poisson at --rate
+requests/s ("inf": all at once). Per request: time to first token, time per output token after
+it (its stream's last token minus its first, over the tokens between), output tokens, error.
+
+Usage: python traffic_client.py --base-url URL --model NAME --mix production --rate 32 \
+           --num-prompts 160 --seed 0 --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support.parity import SCHEMA  # noqa: E402  (the schema the parity tests use)
+
+VOCAB = range(4, 512)
+MIXES = {
+    "plain": [("sampled", 1.0)],
+    "production": [("sampled", 0.7), ("logprobs", 0.1), ("json", 0.1), ("stop", 0.1)],
+    "long": [("sampled", 1.0)],
+}
+
+
+def requests_of(mix: str, num_prompts: int, seed: int) -> list[dict]:
+    """Each request's kind, prompt and parameters (the same for every server given the seed)."""
+    rng = random.Random(f"{seed}:{mix}")
+    kinds, weights = zip(*MIXES[mix], strict=True)
+    out = []
+    for i in range(num_prompts):
+        kind = rng.choices(kinds, weights)[0]
+        length = rng.randint(512, 1536) if mix == "long" else rng.randint(16, 64)
+        params: dict = {"max_tokens": rng.randint(48, 192), "temperature": 0.8, "seed": i}
+        body: dict = {"ignore_eos": True}
+        if kind == "logprobs":
+            params["logprobs"] = 5
+        elif kind == "json":
+            body = {"structured_outputs": {"json": SCHEMA}}
+        elif kind == "stop":
+            params["stop"] = ["e ", "an"]
+            body = {}
+        out.append({"kind": kind, "prompt": [rng.choice(VOCAB) for _ in range(length)], "params": params,
+                    "body": body})  # fmt: skip
+    return out
+
+
+async def one(client, model: str, request: dict, delay: float) -> dict:
+    await asyncio.sleep(delay)
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    try:
+        stream = await client.completions.create(
+            model=model, prompt=request["prompt"], stream=True, stream_options={"include_usage": True},
+            extra_body=request["body"], **request["params"],
+        )  # fmt: skip
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+    except Exception as e:  # the error is the measurement
+        return {"kind": request["kind"], "error": f"{type(e).__name__}: {e}"[:300]}
+    ttft = (first - start) if first else None
+    tpot = (last - first) / (tokens - 1) if first and tokens > 1 else None
+    return {"kind": request["kind"], "ttft": ttft, "tpot": tpot, "tokens": tokens, "error": None}
+
+
+async def run(args) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=args.base_url + "/v1", api_key="none", timeout=3600, max_retries=0)
+    requests = requests_of(args.mix, args.num_prompts, args.seed)
+    rng = random.Random(args.seed)
+    delays, t = [], 0.0
+    for _ in requests:
+        delays.append(t)
+        if args.rate != "inf":
+            t += rng.expovariate(float(args.rate))
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(client, args.model, r, d) for r, d in zip(requests, delays, strict=True)))
+    duration = time.perf_counter() - start
+    return {"mix": args.mix, "rate": args.rate, "duration": duration, "requests": results,
+            "summary": summarize(results, duration)}  # fmt: skip
+
+
+def summarize(results: list[dict], duration: float) -> dict:
+    ok = [r for r in results if r["error"] is None]
+    ttfts = sorted(r["ttft"] for r in ok if r["ttft"] is not None)
+    tpots = [r["tpot"] for r in ok if r["tpot"] is not None]
+    return {
+        "output_throughput": sum(r["tokens"] for r in ok) / duration,
+        "median_ttft_ms": 1000 * statistics.median(ttfts) if ttfts else float("nan"),
+        "p90_ttft_ms": 1000 * ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else float("nan"),
+        "median_tpot_ms": 1000 * statistics.median(tpots) if tpots else float("nan"),
+        "errors": len(results) - len(ok),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mix", choices=MIXES, required=True)
+    ap.add_argument("--rate", default="inf")
+    ap.add_argument("--num-prompts", type=int, default=160)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    out = asyncio.run(run(args))
+    with open(args.out, "w") as f:
+        json.dump(out, f)
+    print(json.dumps(out["summary"]))
+
+
+if __name__ == "__main__":
+    main()
