@@ -62,7 +62,11 @@ def random_params(rng: random.Random, config: Config) -> dict:
         # each inner step masked by the worker's copy of the grammar.
         option = rng.choice(list(STRUCTURED_OPTIONS))
         p.update(structured_outputs=STRUCTURED_OPTIONS[option], max_tokens=rng.choice([8, 24, 40]))
-        p.pop("allowed_token_ids", None)  # may leave the grammar no token to take
+        # Masks that may leave the grammar no token to take (min_tokens masks the EOS a finished
+        # grammar wants): upstream then samples a token the grammar rejects and ends the request
+        # with an error, which the structural check of unseeded requests cannot tell from ours.
+        for key in ("allowed_token_ids", "bad_words", "min_tokens"):
+            p.pop(key, None)
     return p
 
 
