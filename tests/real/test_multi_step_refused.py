@@ -44,6 +44,8 @@ print("RESULT" + json.dumps({
     "sampling_mask_single": resolve(return_sampling_mask=True, logprobs_mode="processed_logprobs"),
     "yield_off": resolve(num_scheduler_steps=4, additional_config={"multi_step_yield": False}),
     "yield_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_yield": "no"}),
+    "grammar_off": resolve(num_scheduler_steps=4, additional_config={"multi_step_structured_output": False}),
+    "grammar_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_structured_output": 1}),
 }))
 """
 
@@ -66,3 +68,6 @@ def test_options_on_model_runner_v2(overlay_python, tiny_llama, tmp_path):
     # windows yield to arrivals unless told not to; a wrong value is named at startup
     assert got["yield_off"]["steps"] == 4, got
     assert "multi_step_yield'] must be true or false" in got["yield_bad"]["error"], got
+    # structured output runs in windows unless told not to; a wrong value is named at startup
+    assert got["grammar_off"]["steps"] == 4, got
+    assert "multi_step_structured_output'] must be true or false" in got["grammar_bad"]["error"], got
