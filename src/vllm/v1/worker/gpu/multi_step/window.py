@@ -182,14 +182,11 @@ class ModelRunnerV2Windows:
             if self._arrivals.arrived(start.window):
                 yielded = True
                 break
-            if masks is not None and masks.lost:
+            if masks.lost:
                 break  # a grammar copy cannot follow: as single steps from here
             inner_steps.execute(requests)
-            steps.append(
-                inner_steps.sample(masks.next_step(requests.running) if masks else None)
-            )
-            if masks is not None:
-                masks.accept(steps[-1])
+            steps.append(inner_steps.sample(masks.next_step(requests.running)))
+            masks.accept(steps[-1])
         self._stopped = requests.stopped
         self._count(len(steps), yielded)
         return steps, requests, yielded

@@ -67,10 +67,6 @@ class GrammarRequest:
     def all_token_ids(self) -> list[int]:
         return self._all_token_ids
 
-    @property
-    def num_fed(self) -> int:
-        return len(self._all_token_ids) - len(self.prompt_token_ids)
-
 
 @dataclass
 class _Created:
@@ -126,13 +122,13 @@ class WindowGrammars:
         grammar_output: GrammarOutput | None,
         req_ids: list[str],
         model_runner: Any,
-    ) -> "WindowMasks | None":
+    ) -> "WindowMasks":
         """The masks of the inner steps of a window whose step 1 ran `req_ids`,
         its copies caught up with every token sampled up to step 1
-        (`grammar_output`: step 1's masks, from the engine core); None where
-        step 1 masked no request."""
+        (`grammar_output`: step 1's masks, from the engine core; None where
+        step 1 masked no request, and so none of the window's steps is)."""
         if grammar_output is None:
-            return None
+            return WindowMasks(self, [])
         in_step = set(req_ids)
         followed = []
         for req_id in grammar_output.structured_output_request_ids:
@@ -242,11 +238,15 @@ class WindowMasks:
     def next_step(self, running: "dict[str, int] | list[str]") -> GrammarOutput | None:
         """The masks of the inner step of `running` (None: no request in it
         is masked)."""
+        if not self._req_ids:
+            return None  # a window without structured requests: no work per step
         req_ids = [req_id for req_id in running if req_id in self._req_ids]
         return self._grammars.masks(req_ids) if req_ids else None
 
     def accept(self, step: ModelRunnerOutput) -> None:
         """Feed each copy the token its request sampled in the inner step."""
+        if not self._req_ids:
+            return
         for req_id, token_ids in zip(step.req_ids, step.sampled_token_ids):
             followed = req_id in self._req_ids and token_ids
             if followed and not self._grammars.feed(req_id, token_ids):
