@@ -38,13 +38,19 @@ METRICS = ["output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms"
 BENCH_TIMEOUT_S = 3600
 
 
+def server_command(python: Path, upstream: bool, model: Path, max_model_len: int, args=()) -> list:
+    """The command serving ``model`` as "m" from ``python``'s venv: upstream's api_server (the
+    upstream CPU wheel's `vllm` command cannot start), else `vllm serve` with ``args``."""
+    common = [model, "--dtype", "float32", "--max-model-len", str(max_model_len), "--served-model-name", "m",
+              "--seed", "0"]  # fmt: skip
+    if upstream:
+        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", *common]
+    return [python.parent / "vllm", "serve", *common, *args]
+
+
 def serve_and_bench(build: str, python: Path, overlay_python: Path, model: Path, args, tmp: Path) -> dict:
     """Start ``build``'s server, run `vllm bench serve` against it once; its result with CPU use and engine means."""
-    common = [model, "--dtype", "float32", "--max-model-len", "1024", "--served-model-name", "m", "--seed", "0"]
-    if build == builds.UPSTREAM:  # the upstream CPU wheel's `vllm` command cannot start
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", *common]
-    else:
-        cmd = [python.parent / "vllm", "serve", *common, *shlex.split(args.overlay_args)]
+    cmd = server_command(python, build == builds.UPSTREAM, model, 1024, shlex.split(args.overlay_args))
     server = Server(cmd, tmp / f"{build}.log")
     try:
         server.wait_ready()

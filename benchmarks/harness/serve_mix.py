@@ -25,6 +25,7 @@ from support.engines import Server, run_env
 
 from harness import builds, results
 from harness.paths import BENCHMARKS
+from harness.serve import server_command
 
 HELP = "served traffic mixes (plain, production, long prompts) at several rates: upstream, overlay N = 1 and N = 8"
 ARMS = {"upstream": None, "N1": [], "N8": ["--num-scheduler-steps", "8"]}
@@ -34,12 +35,10 @@ CLIENT_TIMEOUT_S = 1800
 
 
 def start_server(arm: str, pythons: dict[str, Path], model: Path, tmp: Path) -> Server:
-    common = [model, "--dtype", "float32", "--max-model-len", "2048", "--served-model-name", "m", "--seed", "0"]
-    if ARMS[arm] is None:  # the upstream CPU wheel's `vllm` command cannot start
-        cmd = [pythons[builds.UPSTREAM], "-m", "vllm.entrypoints.openai.api_server", "--model", *common]
-    else:
-        cmd = [pythons[builds.OVERLAY].parent / "vllm", "serve", *common, *ARMS[arm]]
-    server = Server(cmd, tmp / f"{arm}.log")
+    upstream = ARMS[arm] is None
+    python = pythons[builds.UPSTREAM if upstream else builds.OVERLAY]
+    # 2048 tokens: the long-prompt mix's prompts and outputs
+    server = Server(server_command(python, upstream, model, 2048, ARMS[arm] or ()), tmp / f"{arm}.log")
     server.wait_ready()
     return server
 
