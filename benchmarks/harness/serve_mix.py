@@ -29,6 +29,10 @@ from harness.serve import server_command
 
 HELP = "served traffic mixes (plain, production, long prompts) at several rates: upstream, overlay N = 1 and N = 8"
 ARMS = {"upstream": None, "N1": [], "N8": ["--num-scheduler-steps", "8"]}
+# Not run by default: N = 8 with the other multi_step_join policies (docs/benchmarks.md)
+ARMS |= {f"N8-join-{mode}": [*ARMS["N8"], "--additional-config", json.dumps({"multi_step_join": value})]
+         for mode, value in (("always", "always"), ("off", False))}  # fmt: skip
+DEFAULT_ARMS = ["upstream", "N1", "N8"]
 METRICS = ["output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "errors"]
 RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1")]
 CLIENT_TIMEOUT_S = 1800
@@ -79,7 +83,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--mixes", nargs="+", default=["plain", "production", "long"])
     ap.add_argument("--rates", nargs="+", default=["8", "32", "64", "inf"])
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     ap.add_argument("--num-prompts", type=int, default=160)
     results.add_json_argument(ap)
 

@@ -20,9 +20,10 @@ CI_CONFIGS = ["default-N8", "default-N8-sync", "chunked-N16", "draft-N4-budget64
 CI_CONFIGS_SINGLE_STEP = ["default-N1"]
 # On Model Runner V2 (vLLM 0.34.0): the windowed configs without drafts (the suite's CPU base,
 # the standalone runner, has no drafters; windows with drafts are fuzzed by hand on the
-# interpreter base, `--base interpreter`, docs/fuzzing.md), and the single-step one, whose
-# regressions check the runner that replaced patch 0010's file.
-CI_CONFIGS_MRV2 = ["default-N8", "default-N8-sync", "chunked-N16", "default-N1"]
+# interpreter base, `--base interpreter`, docs/fuzzing.md), one where admitted requests join
+# every window the budget allows (by default they join beside enough running requests only),
+# and the single-step one, whose regressions check the runner that replaced patch 0010's file.
+CI_CONFIGS_MRV2 = ["default-N8", "default-N8-sync", "chunked-N16", "join-N8", "default-N1"]
 CI_SEED = 1800  # fixed: the slice is the same batches on every run
 CI_PER_CONFIG = 40  # batches are cheap (~0.4 s); the engine starts are what the slice costs
 

@@ -31,6 +31,9 @@ class Config:
     # No min_p or logit_bias: upstream refuses both with drafts (True for the
     # draft-model configs, and for those that share their batches and oracle).
     draft_params: bool = False
+    # The overlay's multi_step_join (None: its default; "always": every schedule that
+    # admits requests is a window where the budget allows, so joins run in every batch).
+    join: str | None = None
 
     @property
     def family(self) -> str:
@@ -50,6 +53,8 @@ class Config:
             llm["num_scheduler_steps"] = self.steps
         if self.async_off:
             llm["async_scheduling"] = False
+        if self.join is not None:
+            llm["additional_config"] = {"multi_step_join": self.join}
         return llm
 
 
@@ -76,6 +81,7 @@ def _configs() -> dict[str, Config]:
         Config("default-N8", "llama", {}, 8),
         Config("default-N8-sync", "llama", {}, 8, async_off=True),
         Config("default-N16", "llama", {}, 16),
+        Config("join-N8", "llama", {}, 8, join="always"),
         Config("chunked-N4", "llama", CHUNKED, 4, **chunked),
         Config("chunked-N8-sync", "llama", CHUNKED, 8, async_off=True, **chunked),
         Config("chunked-N16", "llama", CHUNKED, 16, **chunked),

@@ -46,6 +46,9 @@ print("RESULT" + json.dumps({
     "yield_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_yield": "no"}),
     "grammar_off": resolve(num_scheduler_steps=4, additional_config={"multi_step_structured_output": False}),
     "grammar_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_structured_output": 1}),
+    "join_always": resolve(num_scheduler_steps=4, additional_config={"multi_step_join": "always"}),
+    "join_bad": resolve(num_scheduler_steps=4, additional_config={"multi_step_join": "sometimes"}),
+    "join_one": resolve(num_scheduler_steps=4, additional_config={"multi_step_join": 1}),
 }))
 """
 
@@ -71,3 +74,8 @@ def test_options_on_model_runner_v2(overlay_python, tiny_llama, tmp_path):
     # structured output runs in windows unless told not to; a wrong value is named at startup
     assert got["grammar_off"]["steps"] == 4, got
     assert "multi_step_structured_output'] must be true or false" in got["grammar_bad"]["error"], got
+    # admitted requests join windows by the default policy, "always" or not at all; a wrong value
+    # (1 included, though it equals True) is named at startup
+    assert got["join_always"]["steps"] == 4, got
+    for bad in ("join_bad", "join_one"):
+        assert "multi_step_join'] must be true, false or \"always\"" in got[bad]["error"], got

@@ -74,8 +74,10 @@ def _stream_text(server, prompt: str, max_tokens: int, arrivals=None) -> str:
 
 def test_requests_arriving_mid_window(servers):
     """The arrivals get upstream's answers, and so does the request whose windows they cut. On
-    Model Runner V2 the windows yield to them and they join the next window (the cut windows and
-    the tokens made in windows on /metrics); on Model Runner V1 they wait for the window in
+    Model Runner V2 the windows yield to them; three arrivals beside one running request are
+    admitted in a single step (their first tokens' wait in a window would outweigh the step
+    boundary it saves: multi_step_join's default) and decode in the next windows (the cut windows
+    and the tokens made in windows on /metrics); on Model Runner V1 they wait for the window in
     flight and are admitted in a single step."""
 
     def arrivals(server):
@@ -93,10 +95,12 @@ def test_requests_arriving_mid_window(servers):
     if windows_runner() == "mrv2":
         grown = {name: value - counts[name] for name, value in _window_counts(overlay).items()}
         assert grown["yielded"] >= 1 and grown["windows"] > grown["yielded"], grown
-        # the arrivals joined windows at their first token: (almost) every token made in one,
-        # none in a single step that admitted a request
+        # most tokens made in windows; the admitting single steps made the arrivals' first tokens
+        # (each arrival is a completion of len(PROMPTS) requests) and, at most one such step per
+        # arrival, a token for each request running beside them
+        num_arrived = 3 * len(PROMPTS)
         assert grown["window"] >= 300 and grown["window"] >= 0.9 * grown["generated"], grown
-        assert grown["arrival"] == 0, grown
+        assert num_arrived <= grown["arrival"] <= num_arrived + 3 * (1 + num_arrived), grown
 
 
 def _window_counts(server) -> dict[str, float]:

@@ -35,8 +35,11 @@ BATCH_REUSE_KEY = "multi_step_batch_reuse"
 YIELD_KEY = "multi_step_yield"
 # Model Runner V2: a schedule that admits requests is step 1 of a window, the
 # admitted prompts' first tokens sampled there (vllm/v1/core/sched/multi_step.py,
-# `join`): on unless this key is false (then such a schedule is a single step).
+# `join`). true (the default): where the running requests outnumber the admitted
+# ones enough to pay for their first tokens' wait; "always": wherever the budget
+# allows; false: never (such a schedule is a single step).
 JOIN_KEY = "multi_step_join"
+JOIN_MODES = {True: "auto", "always": "always", False: "off"}
 # Model Runner V2: structured-output requests run in windows, the worker masking
 # each inner step with its own copy of the request's grammar
 # (vllm/v1/worker/gpu/multi_step/window_grammar.py): on unless this key is false
@@ -113,10 +116,17 @@ def yield_enabled(vllm_config: "VllmConfig") -> bool:
     return _bool_option(_additional(vllm_config), YIELD_KEY)
 
 
-def join_enabled(vllm_config: "VllmConfig") -> bool:
-    """Whether admitted requests join windows (JOIN_KEY). Raises ValueError
-    naming the key for a value of the wrong type."""
-    return _bool_option(_additional(vllm_config), JOIN_KEY)
+def join_mode(vllm_config: "VllmConfig") -> str:
+    """When admitted requests join windows (JOIN_KEY): "auto", "always" or
+    "off". Raises ValueError for any other value."""
+    value = _additional(vllm_config).get(JOIN_KEY, True)
+    # bool first: 1 == True would otherwise pass as a key of JOIN_MODES
+    if not isinstance(value, bool | str) or value not in JOIN_MODES:
+        raise ValueError(
+            f"additional_config['{JOIN_KEY}'] must be true, false or "
+            f'"always", got {value!r}.'
+        )
+    return JOIN_MODES[value]
 
 
 def structured_output_enabled(vllm_config: "VllmConfig") -> bool:
@@ -303,7 +313,7 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             steps,
             batch_reuse_enabled(vllm_config),
             yield_enabled(vllm_config),
-            join_enabled(vllm_config),
+            join_mode(vllm_config),
             structured_output_enabled(vllm_config),
         )
         return
@@ -323,12 +333,19 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
 MODEL_RUNNER_V2_WINDOWS_RAN_ON = ("cpu",)
 
 
+JOIN_LOG = {
+    "auto": "admitted requests join a window where enough requests run beside them",
+    "always": f'admitted requests join a window ({JOIN_KEY}: "always")',
+    "off": f"a schedule that admits requests is a single step ({JOIN_KEY}: false)",
+}
+
+
 def _log_model_runner_v2_windows(
     vllm_config: "VllmConfig",
     steps: int,
     batch_reuse: bool,
     yields: bool,
-    joins: bool,
+    joins: str,
     grammars: bool,
 ) -> None:
     additional = _additional(vllm_config)
@@ -377,9 +394,7 @@ def _log_model_runner_v2_windows(
         "yields to a request that arrives while it runs"
         if yields
         else f"runs whole when a request arrives ({YIELD_KEY}: false)",
-        "admitted requests join a window at their first token"
-        if joins
-        else f"a schedule that admits requests is a single step ({JOIN_KEY}: false)",
+        JOIN_LOG[joins],
         structured,
     )
     if device_type not in MODEL_RUNNER_V2_WINDOWS_RAN_ON:

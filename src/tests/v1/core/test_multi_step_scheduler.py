@@ -28,12 +28,14 @@ TOKEN = 1  # never a stop token here
 
 def _scheduler(num_steps: int, joins: bool = False, **kwargs):
     """A scheduler planning windows of up to `num_steps`; where `joins`, a
-    schedule that admits requests is a window too (Model Runner V2 only),
-    else a single step, as the tests of running requests' windows assume."""
+    schedule that admits requests is a window too wherever the budget allows
+    (Model Runner V2 only; `multi_step_join: "always"`), else a single step,
+    as the tests of running requests' windows assume."""
     scheduler = create_scheduler(**kwargs)
     scheduler.scheduler_config.num_scheduler_steps = num_steps
     scheduler.multi_step = DecodeWindowPlanner.create(scheduler)
     scheduler.multi_step.joins = joins
+    scheduler.multi_step.join_always = joins
     return scheduler
 
 
@@ -217,6 +219,35 @@ def test_admitted_requests_join_the_window(async_scheduling):
     assert list(req0.output_token_ids) == [TOKEN] * 5
     assert req0.num_computed_tokens == req0.num_tokens - 1
     assert req0.num_output_placeholders == 0
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="new requests join windows on Model Runner V2 only"
+)
+def test_admitted_requests_join_where_enough_requests_run_beside_them():
+    """By default (`multi_step_join: true`) m admitted requests join a window
+    of n where their first tokens' wait, m * (n - 1) steps, is less than the
+    step boundary a single step adds for all r + m requests."""
+    scheduler = _scheduler(4, joins=True, max_num_seqs=16)
+    scheduler.multi_step.join_always = False
+    running = create_requests(num_requests=5, num_tokens=6, max_tokens=64)
+    waiting = create_requests(
+        num_requests=3, num_tokens=6, max_tokens=64, req_ids=["a", "b", "c"]
+    )
+    # each a single step, its first tokens out after it: an idle server's
+    # request; 1 running beside 4 admitted; 5 beside 3 (3 * 3 < 5 + 3 fails)
+    for admitted in (running[:1], running[1:], waiting):
+        for request in admitted:
+            scheduler.add_request(request)
+        single = scheduler.schedule()
+        assert not single.multi_step_window
+        scheduler.update_from_output(single, _output(single))
+    # 8 running beside 1 admitted: 1 * 3 < 8 + 1; it joins a window of 4
+    (late,) = create_requests(num_requests=1, num_tokens=6, req_ids=["late"])
+    scheduler.add_request(late)
+    window = scheduler.schedule()
+    assert window.multi_step_window == 4
+    assert window.num_scheduled_tokens["late"] == 6 + 3
 
 
 @pytest.mark.skipif(

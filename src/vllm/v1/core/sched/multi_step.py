@@ -24,7 +24,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from vllm.config.multi_step import (
-    join_enabled,
+    join_mode,
     structured_output_enabled,
     yield_enabled,
 )
@@ -68,8 +68,11 @@ class DecodeWindowPlanner:
             if MODEL_RUNNER_V2 and yield_enabled(scheduler.vllm_config)
             else None
         )
-        # Whether admitted requests join windows (`join`).
-        self.joins = MODEL_RUNNER_V2 and join_enabled(scheduler.vllm_config)
+        # Whether admitted requests join windows (`join`), and whether wherever
+        # the budget allows ("always") or where enough requests run beside them.
+        mode = join_mode(scheduler.vllm_config) if MODEL_RUNNER_V2 else "off"
+        self.joins = mode != "off"
+        self.join_always = mode == "always"
         # Whether structured-output requests run in windows: the worker masks
         # their inner steps (not with drafts: a drafted step's masks depend on
         # its drafts, which stay on the device).
@@ -242,7 +245,9 @@ class DecodeWindowPlanner:
         would give them, and each running or admitted request gets the same
         window in what is left. Prompts that take the budget (or most of it)
         are admitted in a single step, as upstream admits them, in chunks
-        where they must be; their requests join a later window."""
+        where they must be; their requests join a later window. So are
+        prompts beside too few running requests (`_join_pays`), unless the
+        admitted requests join "always"."""
         scheduler = self.scheduler
         num_free = scheduler.max_num_running_reqs - num_running
         prompts = [
@@ -251,12 +256,31 @@ class DecodeWindowPlanner:
         ]
         # Each admitted request's steps after its prompt, each running
         # request's steps: (n - 1) per prompt, n per running request.
-        window_size = (budget - sum(prompts) + len(prompts)) // max(
-            1, num_running + len(prompts)
+        window_size = min(
+            self.num_steps,
+            (budget - sum(prompts) + len(prompts))
+            // max(1, num_running + len(prompts)),
         )
-        if window_size < 2:
+        if window_size < 2 or not (
+            self.join_always or self._join_pays(num_running, len(prompts), window_size)
+        ):
             return 1, SingleStepReason.ARRIVAL
-        return min(self.num_steps, window_size), SingleStepReason.ARRIVAL
+        return window_size, SingleStepReason.ARRIVAL
+
+    @staticmethod
+    def _join_pays(num_running: int, num_admitted: int, window_size: int) -> bool:
+        """Whether admitted requests should join a window of `window_size`.
+
+        A window returns its tokens when it ends: each admitted request's
+        first token waits for its n - 1 later steps. A single step instead
+        adds one step boundary (schedule, output processing: about an inner
+        step on a CPU) before every request's next tokens. Join where the
+        admitted requests' wait is the smaller: m * (n - 1) < r + m. So a
+        lightly loaded server answers a new request after one step, as
+        upstream does (TTFT at 8 req/s: docs/benchmarks.md), and a busy one
+        keeps its windows whole.
+        """
+        return num_admitted * (window_size - 1) < num_running + num_admitted
 
     def after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a window in the output and reserve its async placeholders."""
