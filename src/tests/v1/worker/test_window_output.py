@@ -28,14 +28,18 @@ def _step(tokens: dict[str, int], logprobs: dict[str, float] | None):
             np.array([[logprobs.get(r, 0.0), -9.0] for r in req_ids], np.float32),
             np.array([1 for _ in req_ids], dtype=np.int32),
         )
+    return _output(req_ids, [[tokens[r]] for r in req_ids], lists)
+
+
+def _output(req_ids, sampled_token_ids, logprobs):
     fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
     # vLLM 0.34.0 dropped req_id_to_index (outputs are found by req_ids)
     by_index = {r: i for i, r in enumerate(req_ids)}
     extra = {"req_id_to_index": by_index} if "req_id_to_index" in fields else {}
     return ModelRunnerOutput(
         req_ids=req_ids,
-        sampled_token_ids=[[tokens[r]] for r in req_ids],
-        logprobs=lists,
+        sampled_token_ids=sampled_token_ids,
+        logprobs=logprobs,
         **extra,
     )
 
@@ -87,6 +91,58 @@ def test_a_step_a_request_sampled_nothing_in_adds_nothing():
     # the same requests in another order in one step: merged by request
     steps[2] = _step({"b": 6, "a": 5}, None)
     assert merge_step_outputs(steps).sampled_token_ids == [[1, 3, 5], [2, 6]]
+
+
+def _reference_rows(steps, req_id, width):
+    """A request's merged logprob rows, one token at a time from each step."""
+    ids, lps = [], []
+    for step in steps:
+        if req_id not in step.req_ids:
+            continue
+        i = step.req_ids.index(req_id)
+        n = len(step.sampled_token_ids[i])
+        if step.logprobs is None:
+            ids += [[0] * width] * n
+            lps += [[-np.inf] * width] * n
+            continue
+        rows = step.logprobs.slice_request(i, n)
+        pad = width - rows.logprob_token_ids.shape[1]
+        ids += [list(r) + [0] * pad for r in rows.logprob_token_ids.tolist()]
+        lps += [list(r) + [-np.inf] * pad for r in rows.logprobs.tolist()]
+    return ids, lps
+
+
+def test_random_windows_merge_as_row_by_row():
+    """Requests leaving, rows of several tokens (drafts: cu_num_generated_tokens),
+    steps of other widths and steps without logprobs: each request's merged
+    rows are its rows of every step, in step order."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        req_ids = [f"r{i}" for i in range(int(rng.integers(1, 7)))]
+        steps = []
+        for s in range(int(rng.integers(1, 6))):
+            ids = [r for r in req_ids if rng.random() < 0.8] or req_ids[:1]
+            tokens = [list(rng.integers(1, 99, int(rng.integers(0, 4)))) for _ in ids]
+            tokens[0] = tokens[0] or [1]  # a step runs while a request samples
+            lists = None
+            if s == 0 or rng.random() < 0.7:
+                cu = np.cumsum([0] + [len(t) for t in tokens]).tolist()
+                n, w = cu[-1], int(rng.integers(1, 4))
+                lists = LogprobsLists(
+                    rng.integers(0, 99, (n, w)).astype(np.int32),
+                    rng.random((n, w)).astype(np.float32),
+                    rng.integers(0, 9, n).astype(np.int32),
+                    cu,
+                )
+            steps.append(_output(ids, tokens, lists))
+        merged = merge_step_outputs(steps)
+        width = merged.logprobs.logprob_token_ids.shape[1]
+        for i, req_id in enumerate(merged.req_ids):
+            num_tokens = len(merged.sampled_token_ids[i])
+            rows = merged.logprobs.slice_request(i, num_tokens)
+            ids, lps = _reference_rows(steps, req_id, width)
+            assert rows.logprob_token_ids.tolist() == ids
+            assert rows.logprobs.tolist() == lps
 
 
 class _AsyncStep(AsyncModelRunnerOutput):

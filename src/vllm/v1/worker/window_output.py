@@ -136,33 +136,64 @@ def _merge_logprobs(
     the requests still in it did not ask for any (a request that asks is in
     every step it runs), so they get empty rows that keep each request's rows
     where `cu_num_generated_tokens` says, and that nothing reads.
+
+    Each step's arrays are padded once and stacked, and the rows are gathered
+    by one index: per request and step a slice and two pads cost 6 ms a window
+    of 25 requests by 8 steps, as much as the window's forwards here.
     """
-    present = [s.logprobs for req_rows in rows for s, _ in req_rows if s.logprobs]
+    steps = list({id(step): step for req_rows in rows for step, _ in req_rows}.values())
+    present = [step.logprobs for step in steps if step.logprobs is not None]
     like = present[0]
     width = max(lists.logprob_token_ids.shape[1] for lists in present)
-    token_ids, logprobs, ranks, cu = [], [], [], [0]
+    blocks = [_padded_rows(step, like, width) for step in steps]
+    # each request's first row in the stacked arrays, by step
+    first_rows: dict[int, np.ndarray] = {}
+    num_rows = 0
+    for step, block in zip(steps, blocks, strict=True):
+        first_rows[id(step)] = num_rows + _first_rows(step)
+        num_rows += len(block[2])
+    index: list[int] = []
+    cu = [0]
     for req_rows in rows:
-        num_rows = 0
-        for step, index in req_rows:
-            # One row per generated token: several when drafts were accepted.
-            num_tokens = len(step.sampled_token_ids[index])
-            if step.logprobs is None:
-                lists = LogprobsLists(
-                    np.zeros((num_tokens, 0), like.logprob_token_ids.dtype),
-                    np.zeros((num_tokens, 0), like.logprobs.dtype),
-                    np.zeros(num_tokens, like.sampled_token_ranks.dtype),
-                )
-            else:
-                lists = step.logprobs.slice_request(index, num_tokens)
-            pad = ((0, 0), (0, width - lists.logprob_token_ids.shape[1]))
-            token_ids.append(np.pad(lists.logprob_token_ids, pad))
-            logprobs.append(np.pad(lists.logprobs, pad, constant_values=-np.inf))
-            ranks.append(lists.sampled_token_ranks)
-            num_rows += num_tokens
-        cu.append(cu[-1] + num_rows)
-    return LogprobsLists(
-        np.concatenate(token_ids),
-        np.concatenate(logprobs),
-        np.concatenate(ranks),
-        cu,
+        for step, i in req_rows:
+            start = int(first_rows[id(step)][i])
+            index.extend(range(start, start + len(step.sampled_token_ids[i])))
+        cu.append(len(index))
+    token_ids, logprobs, ranks = (
+        np.concatenate([block[k] for block in blocks])[index] for k in range(3)
     )
+    return LogprobsLists(token_ids, logprobs, ranks, cu)
+
+
+def _padded_rows(
+    step: ModelRunnerOutput, like: LogprobsLists, width: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step's logprob rows `width` wide (empty rows where it has none: one
+    per token it sampled)."""
+    lists = step.logprobs
+    if lists is None:
+        num_rows = sum(map(len, step.sampled_token_ids))
+        return (
+            np.zeros((num_rows, width), like.logprob_token_ids.dtype),
+            np.full((num_rows, width), -np.inf, like.logprobs.dtype),
+            np.zeros(num_rows, like.sampled_token_ranks.dtype),
+        )
+    pad = ((0, 0), (0, width - lists.logprob_token_ids.shape[1]))
+    return (
+        np.pad(lists.logprob_token_ids, pad),
+        np.pad(lists.logprobs, pad, constant_values=-np.inf),
+        lists.sampled_token_ranks,
+    )
+
+
+def _first_rows(step: ModelRunnerOutput) -> np.ndarray:
+    """Each request's first row in a step's logprob rows: its index, or where
+    its tokens start (several rows where drafts were accepted; one per token
+    in a step without logprobs)."""
+    lists = step.logprobs
+    cu = lists.cu_num_generated_tokens if lists is not None else None
+    if cu is not None:
+        return np.asarray(cu[: len(step.req_ids)])
+    if lists is not None:
+        return np.arange(len(step.req_ids))
+    return np.cumsum([0] + [len(t) for t in step.sampled_token_ids[:-1]])
