@@ -37,6 +37,9 @@ MIXES = {
     "plain": [("sampled", 1.0)],
     "production": [("sampled", 0.7), ("logprobs", 0.1), ("json", 0.1), ("stop", 0.1)],
     "long": [("sampled", 1.0)],
+    "logprobs10": [("sampled", 0.9), ("logprobs", 0.1)],
+    "json10": [("sampled", 0.9), ("json", 0.1)],
+    "stop10": [("sampled", 0.9), ("stop", 0.1)],
 }
 
 
