@@ -2,7 +2,8 @@
 
 Standard library only: this runs before any dependency is importable.
 The first call creates ``.tool-venv`` beside ``apply.py``, installs
-``requirements/tool.txt`` (and ``requirements/test.txt`` for ``test``) into it
+``requirements/tool.txt`` (and ``requirements/test.txt`` for the commands that run the
+tests' support code: ``test``, and ``fuzz``, whose served batches use the ``openai`` client) into it
 and re-executes the command there. A marker file holds the hash of the
 requirement files, so an edited requirement reinstalls on the next call.
 """
@@ -22,6 +23,20 @@ VENV_ENV = "VLLM_OVERLAY_TOOL_VENV"
 
 def _venv_dir() -> Path:
     return Path(os.environ.get(VENV_ENV, ROOT / ".tool-venv"))
+
+
+# Commands that import tests/support (engines, servers, the openai client) and need test.txt.
+TEST_COMMANDS = ("test", "fuzz")
+
+
+def wants_tests(argv: list[str]) -> bool:
+    """Whether ``argv`` runs a command that needs the test requirements.
+
+    Looked for anywhere, not only first: options may stand before the command
+    (`apply.py --upstream V test`). A command name that is only an option's value
+    installs the test requirements too, which is harmless.
+    """
+    return any(name in argv for name in TEST_COMMANDS)
 
 
 def _requirements(with_tests: bool) -> list[Path]:
@@ -44,9 +59,7 @@ def ensure_tool_env(argv: list[str]) -> None:
     """
     env_dir = _venv_dir()
     python = env_dir / "bin" / "python"
-    # Anywhere, not only first: options may stand before the command (`apply.py --upstream V test`).
-    # A `test` that is only an option's value installs the test requirements too, which is harmless.
-    with_tests = "test" in argv
+    with_tests = wants_tests(argv)
     reqs = _requirements(with_tests)
     marker = env_dir / ("requirements-test.sha256" if with_tests else "requirements.sha256")
     wanted = _digest(reqs)

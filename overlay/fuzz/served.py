@@ -94,10 +94,12 @@ def served_batches(pair: dict, seed: int, count: int) -> dict:
     batches = regressions("default-N8") + batches_for(SERVED, seed, count)
     kinds: dict[str, int] = {}
     failures = []
+    ran = 0  # batches sent; the count reported, so a run cut short does not count what it never sent
     for i, batch in enumerate(batches):
+        ran += 1
         try:
             ours = run_served(pair["overlay"], batch, MODEL)
-        except Exception as e:  # the server died or hung: nothing after this batch runs
+        except Exception as e:  # the server died or hung, or the client failed: nothing after this batch runs
             failures.append({"config": SERVED.name, "seed": seed, "batch": i, "minimized": batch,
                              "problems": [f"overlay server: {type(e).__name__}: {e}"]})  # fmt: skip
             break
@@ -105,4 +107,4 @@ def served_batches(pair: dict, seed: int, count: int) -> dict:
         if problems:
             failures.append({"config": SERVED.name, "seed": seed, "batch": i, "problems": problems,
                              "minimized": batch})  # fmt: skip
-    return {"batches": len(batches), "requests_compared": kinds, "failures": failures}
+    return {"batches": ran, "requests_compared": kinds, "failures": failures}

@@ -83,3 +83,25 @@ def test_malformed_prompt_logprobs_of_upstream_are_not_held_against_the_overlay(
     assert compare_request(config, request, result(1, [24, 479]), result(4, [24, 478]))[1]
     assert compare_request(config, request, result(4, [24, 478]), result(1, [24, 478]))[1]
     assert compare_request(config, request, result(1, [24, 478]), result(1, [24, 478])) == ("exact", [])
+
+
+def test_a_served_run_cut_short_reports_the_batches_it_sent(monkeypatch):
+    """Found by the long run of 2026-12-06: on a fresh checkout the fuzz command's environment had
+    no `openai` client, the first served batch failed, and the report still counted all 332."""
+    from overlay.fuzz import served
+
+    def client_fails(server, batch, model):
+        raise ModuleNotFoundError("No module named 'openai'")
+
+    monkeypatch.setattr(served, "run_served", client_fails)
+    report = served.served_batches({"overlay": None, "upstream": None}, seed=1, count=5)
+    assert report["batches"] == 1
+    assert len(report["failures"]) == 1 and "openai" in report["failures"][0]["problems"][0]
+
+
+def test_the_commands_that_run_the_tests_support_install_its_requirements():
+    """`fuzz` serves batches through the `openai` client (requirements/test.txt), as `test` does."""
+    from overlay.bootstrap import wants_tests
+
+    assert wants_tests(["fuzz", "--served", "3"]) and wants_tests(["--upstream", "0.34.0", "test"])
+    assert not wants_tests(["build", "--upstream", "0.34.0"]) and not wants_tests(["export"])

@@ -93,3 +93,15 @@ def test_benchmark_summary_is_per_batch(check):
     assert summary["32"]["limit_over_n8"] == 2.0
     assert summary["128"]["vs_upstream"] == {"N=8": round(720 / 390, 3)}
     assert "limit_over_n8" not in summary["128"]
+
+
+def test_benchmark_summary_sets_structured_runs_beside_plain_ones(check):
+    runs = {
+        "upstream": [{"32": {"median": 100}}],
+        "N=8": [{"32": {"median": 250}}],
+        "upstream structured": [{"32": {"median": 80}}],
+        "N=8 structured": [{"32": {"median": 150}}],
+    }
+    summary = check._bench_summary(runs, {})["32"]
+    assert summary["vs_upstream"] == {"N=8": 2.5}  # plain over plain only
+    assert summary["structured_over_plain"] == {"upstream": 0.8, "N=8": 0.6}
