@@ -117,11 +117,9 @@ def _timed_generate(llm, batch: int, out_len: int, steps, decode_phase: bool):
     async scheduling act on that phase; the prefill (the same work in every build) weighs more in
     a faster build's total. None where OUT_LEN is not above SHORT_LEN.
     """
-    from vllm import SamplingParams
-
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 10 for j in range(32)]} for i in range(batch)]
-    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
-    short = SamplingParams(temperature=0.0, max_tokens=SHORT_LEN, ignore_eos=True)
+    params = _params(batch, out_len)
+    short = _params(batch, SHORT_LEN)
     llm.generate(prompts, short, use_tqdm=False)
 
     def timed() -> tuple[float, float | None]:
@@ -141,6 +139,26 @@ def _timed_generate(llm, batch: int, out_len: int, steps, decode_phase: bool):
         return rate, len(outs) * (out_len - SHORT_LEN) / (elapsed - short_elapsed)
 
     return timed
+
+
+# OFFLINE_STRUCTURED_EVERY=k: every k-th request of a batch is constrained by a regular expression
+# with no end (structured outputs through the engine's grammar backend: every step of a batch that
+# holds one is masked), so that it runs its OUT_LEN tokens like the others.
+STRUCTURED_REGEX = r"[a-z ]+"
+
+
+def _params(batch: int, max_tokens: int):
+    """Each request's SamplingParams: greedy, ignore_eos, structured where OFFLINE_STRUCTURED_EVERY says."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    every = int(os.environ.get("OFFLINE_STRUCTURED_EVERY", "0"))
+    plain = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    if not every:
+        return plain
+    regex = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                           structured_outputs=StructuredOutputsParams(regex=STRUCTURED_REGEX))  # fmt: skip
+    return [regex if i % every == 0 else plain for i in range(batch)]
 
 
 def _time_steps(batches: list[int]):

@@ -315,12 +315,14 @@ def _compare(engine: str, got: dict, oracle: dict) -> dict:
     return row
 
 
-def _bench(build: str, model: str, kwargs: dict, tag: str, forward_only: bool = False) -> dict:
+def _bench(
+    build: str, model: str, kwargs: dict, tag: str, forward_only: bool = False, extra_env: dict | None = None
+) -> dict:
     path, dtype = BENCH_MODELS[model]
     llm = {**GPU_LLM, **BENCH_MEMORY, "dtype": dtype, **kwargs}
     sizes = [BENCH_SIZES["batches"], BENCH_SIZES["out_len"], BENCH_SIZES["reps"]]
     args = [ROOT / "benchmarks" / "offline_worker.py", path, json.dumps(llm), *sizes]
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if forward_only else {}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if forward_only else dict(extra_env or {})
     start = time.monotonic()
     rc, text = _run(build, [*args, *(["--forward-only"] if forward_only else [])], tag, RUN_TIMEOUT_S, env)
     line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
@@ -340,19 +342,26 @@ def _bench(build: str, model: str, kwargs: dict, tag: str, forward_only: bool = 
 
 
 def stage_bench(model: str, mode: str, rounds: int) -> None:
-    """Upstream against the overlay's N values, each build one engine per round, then the forward alone."""
+    """Upstream against the overlay's N values, each build one engine per round, then the forward alone.
+    CHECK_STRUCTURED_EVERY=k also runs them with every k-th request under a grammar (offline_worker.py
+    OFFLINE_STRUCTURED_EVERY): each build's tok/s beside its plain figure is what the masks cost it."""
     steps = [int(n) for n in os.environ.get("CHECK_STEPS", "8,1,16,4").split(",")]
     configs = {"upstream": ("upstream", {})} | {f"N={n}": ("overlay", {"num_scheduler_steps": n}) for n in steps}
+    every = os.environ.get("CHECK_STRUCTURED_EVERY")
+    if every:
+        configs |= {f"{name} structured": (build, kw) for name, (build, kw) in configs.items()}
     runs: dict[str, list] = {name: [] for name in configs}
-    RESULTS.setdefault("bench", {})[f"{model} {mode}"] = entry = {"kwargs": MODES[mode], "runs": runs}
+    RESULTS.setdefault("bench", {})[f"{model} {mode}"] = entry = {"kwargs": MODES[mode], "runs": runs,
+                                                                  "structured_every": every}  # fmt: skip
     for r in range(rounds):
         for name in list(configs) if r % 2 == 0 else list(configs)[::-1]:
             if DEADLINE - time.monotonic() < 60:
                 entry["incomplete"] = "out of time"
                 break
             build, kw = configs[name]
-            tag = f"bench-{model}-{mode}-{r}-{name.replace('=', '')}"
-            runs[name].append(_bench(build, model, {**MODES[mode], **kw}, tag))
+            tag = f"bench-{model}-{mode}-{r}-{name.replace('=', '').replace(' ', '-')}"
+            structured = {"OFFLINE_STRUCTURED_EVERY": every} if name.endswith("structured") else None
+            runs[name].append(_bench(build, model, {**MODES[mode], **kw}, tag, extra_env=structured))
             _save()
     entry["forward_only"] = _bench("upstream", model, MODES[mode], f"bench-{model}-{mode}-forward", forward_only=True)
     entry["summary"] = _bench_summary(runs, entry["forward_only"])
@@ -368,7 +377,12 @@ def _bench_summary(runs: dict[str, list], forward_only: dict) -> dict:
                    for name, rows in runs.items() if rows and all(batch in r for r in rows)}  # fmt: skip
         row: dict = {"tok_s": {name: round(m) for name, m in medians.items()}}
         if "upstream" in medians:
-            row["vs_upstream"] = {n: round(m / medians["upstream"], 3) for n, m in medians.items() if n != "upstream"}
+            row["vs_upstream"] = {n: round(m / medians["upstream"], 3) for n, m in medians.items()
+                                  if n != "upstream" and not n.endswith("structured")}  # fmt: skip
+        # each build's tok/s with the structured share over its plain tok/s
+        plain_of = {n: n.removesuffix(" structured") for n in medians if n.endswith(" structured")}
+        row["structured_over_plain"] = {p: round(medians[n] / medians[p], 3)
+                                        for n, p in plain_of.items() if p in medians}  # fmt: skip
         limit = forward_only.get(batch, {}).get("forward_limit")
         if limit and "N=8" in medians:
             row["forward_limit"], row["limit_over_n8"] = round(limit), round(limit / medians["N=8"], 3)
