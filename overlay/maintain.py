@@ -28,7 +28,8 @@ from overlay.families import fit, left_out
 from overlay.gitcmd import git, git_env
 from overlay.modules import SRC_DIR, write_modules
 from overlay.patching import SeriesResult, run_series
-from overlay.releases import same_change
+from overlay.releases import RELEASES_DIR, same_change
+from overlay.releases import write_series as write_release_series
 from overlay.series import Series, parse_series_text, release_series_file, write_series
 from overlay.tree import UPSTREAM_TAG, file_mode, read_blob
 
@@ -98,7 +99,8 @@ def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -
     (names ``src/...``); its changes to upstream files become the patches, one
     per commit that has any (a commit that only edits our modules has none).
     With ``own_patches`` (the tree is of a release other than the primary) the
-    patches go there, and only those whose change differs from the shared file.
+    patches go there, and only those whose change differs from the shared file;
+    a patch the branch adds after that release's own goes to its series too.
     Everything is written in a staging copy first (``staged``), so a failure or
     an interrupt leaves series, patches/, src/ and the release's folder as they were.
     """
@@ -106,12 +108,16 @@ def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -
     own = own_patches.relative_to(project) if own_patches is not None else None
     # contract.toml is read, not written: export_into needs its [families] beside the series
     written = (series_path.name, PATCH_DIR, SRC_DIR, CONTRACT_FILE, *([str(own.parent)] if own else []))
+    in_use = _patch_names(project) if own else []  # read before staging: every release's
     with staged(project, written) as stage:
-        return export_into(tree_dir, stage / series_path.name, stage / own if own else None)
+        return export_into(tree_dir, stage / series_path.name, stage / own if own else None, in_use)
 
 
-def export_into(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -> list[tuple[str, str]]:
-    """``export``, writing in place: for a staging copy (``staged``)."""
+def export_into(
+    tree_dir: Path, series_path: Path, own_patches: Path | None = None, in_use: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """``export``, writing in place: for a staging copy (``staged``). ``in_use``: every patch
+    name of every release (``_patch_names``), for a patch a release other than the primary adds."""
     if not (tree_dir / ".git").exists():
         raise InputError(f"{tree_dir} is not a patched tree: run `apply.py apply` first")
     if git(tree_dir, "status", "--porcelain", "--untracked-files=no").stdout.strip():
@@ -125,14 +131,11 @@ def export_into(tree_dir: Path, series_path: Path, own_patches: Path | None = No
     # src/ files of the families this tree's upstream has no runner for stay as they are
     keep = left_out(series_path, tree_reader(tree_dir, UPSTREAM_TAG))
     if own_patches is not None:
-        fresh = _format_patches(tree_dir, added)
-        if sorted(fresh) != sorted(old):
-            raise InputError(
-                f"the tree's patches ({', '.join(sorted(fresh))}) are not those of {names_path.name} "
-                f"({', '.join(old)}): a release other than the primary keeps the patches it has; "
-                "patches are added, removed or renamed on the primary release's tree"
-            )
-        changes = write_own_patches({name: fresh[name] for name in old}, patch_dir, own_patches)
+        fresh = _kept_release_names(_format_patches(tree_dir, added), old, in_use or [], names_path.name)
+        changes = write_own_patches(fresh, patch_dir, own_patches)
+        if list(fresh) != old:
+            shared = parse_series_text(series_path.read_text(), str(series_path))
+            changes += write_release_series(own_patches.parent, list(fresh), shared)
     else:
         changes = _write_patches(_keep_names(_format_patches(tree_dir, added), old), old, patch_dir, series_path)
     return changes + write_modules(series_path.parent / SRC_DIR, added, keep)
@@ -167,6 +170,40 @@ def _keep_names(fresh: dict[str, bytes], old: list[str]) -> dict[str, bytes]:
     if len(named) != len(fresh):
         raise InputError(f"two commits of the branch have the same subject: {', '.join(sorted(fresh))}")
     return named
+
+
+def _kept_release_names(fresh: dict[str, bytes], old: list[str], in_use: list[str], listed_in: str) -> dict:
+    """A kept release's patches under their names: those of its series ``old``, in its order,
+    then those the branch adds after them (a fix to a file the primary no longer has). An added
+    patch takes the name another release gives its subject, else the next number past every
+    name in ``in_use``. Removing or renaming a patch happens on the primary release's tree."""
+    ordered = sorted(fresh)  # git's names: by position
+    if [_subject(n) for n in ordered[: len(old)]] != [_subject(n) for n in old]:
+        raise InputError(
+            f"the tree's patches ({', '.join(ordered)}) do not start with those of {listed_in} "
+            f"({', '.join(old)}): a release other than the primary keeps the patches it has and may "
+            "add some after them; patches are removed or renamed on the primary release's tree"
+        )
+    by_subject = {_subject(name): name for name in in_use}
+    last = max((int(n.split("-", 1)[0]) for n in in_use if n.split("-", 1)[0].isdigit()), default=0)
+    named = {name: fresh[git_name] for name, git_name in zip(old, ordered, strict=False)}
+    for git_name in ordered[len(old) :]:
+        subject = _subject(git_name)
+        if subject not in by_subject:
+            last += 1
+            by_subject[subject] = f"{last:04d}-{subject}"
+        named[by_subject[subject]] = fresh[git_name]
+    return named
+
+
+def _subject(name: str) -> str:
+    return name.split("-", 1)[1] if "-" in name else name
+
+
+def _patch_names(project: Path) -> list[str]:
+    """Every patch file name of the project: the shared ones and each release's own."""
+    folders = [project / PATCH_DIR, *(d / PATCH_DIR for d in sorted((project / RELEASES_DIR).glob("*")))]
+    return sorted({p.name for folder in folders for p in folder.glob("*.patch")})
 
 
 def exact_texts(base: Path, series: Series) -> dict[str, bytes]:

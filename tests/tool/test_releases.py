@@ -104,6 +104,33 @@ def test_export_from_a_kept_release_writes_only_changes_that_differ(two_releases
     assert proc.returncode == errors.BAD_INPUT and "was made for vLLM 1.0.0, not 2.0.0" in proc.stderr
 
 
+def test_a_kept_release_adds_a_patch_of_its_own_after_its_series(two_releases, tmp_path):
+    """A fix to a file the primary no longer has: committed on the kept release's tree, it
+    joins that release's series under a number past every patch name; removing one still fails."""
+    from overlay.gitcmd import git
+
+    tree = tmp_path / "tree1"
+    assert run_tool("apply", *two_releases.args(), "--upstream", "1.0.0", "--tree", str(tree)).returncode == 0
+    engine = (tree / "vllm" / "engine.py").read_text()
+    (tree / "vllm" / "engine.py").write_text(engine.replace("x + 30\n", "x + 3000\n"))
+    git(tree, "commit", "-q", "-a", "-m", "thirty\n\nWhy.\n\nUpstream-Status: not-forwarded\nTests: none")
+    before, folder = snapshot(two_releases.root), two_releases.root / "releases" / "1.0.0"
+    proc = run_tool("export", *two_releases.args(), "--tree", str(tree))
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(two_releases.root) == before  # the primary is untouched
+    series = (folder / "series").read_text()
+    assert series.split("\n")[-4:-1] == ["0001-ten.patch", "0002-twenty.patch", "0003-thirty.patch"]
+    assert "thirty" in (folder / "patches" / "0003-thirty.patch").read_text()
+    assert run_tool("check", *two_releases.args(), "--upstream", "1.0.0").returncode == errors.OK
+    own = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert run_tool("export", *two_releases.args(), "--tree", str(tree)).returncode == 0
+    assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == own  # again: no byte moves
+    git(tree, "rebase", "-q", "--onto", "HEAD~2", "HEAD~1")  # "twenty" removed on the kept release
+    proc = run_tool("export", *two_releases.args(), "--tree", str(tree))
+    assert proc.returncode == errors.BAD_INPUT and "removed or renamed on the primary" in proc.stderr
+    assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == own
+
+
 def test_drop_the_oldest_in_one_command_but_never_the_primary(two_releases):
     proc = run_tool("releases", *two_releases.args(), "--drop", "2.0.0")
     assert proc.returncode == errors.BAD_INPUT and "is the primary release" in proc.stderr
