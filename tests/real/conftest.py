@@ -131,11 +131,12 @@ def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
     (build, engine, async mode, scheduler steps) starts once per session, so the
     oracle's outputs are shared by every test that compares against them.
     Where the fuzzer's CI slice has the same engine config, its batches run
-    after the cases, in the same engine ("batches"). The outputs carry the
-    engine's log under "engine_log".
+    after the cases, in the same engine ("batches"). The overlay also runs
+    the engine's OVERLAY_CASES, whose outputs come under "overlay_cases". The
+    outputs carry the engine's log under "engine_log".
     """
     from support.engines import generate
-    from support.parity import ASYNC_MODES, BASE, ENGINES
+    from support.parity import ASYNC_MODES, BASE, ENGINES, OVERLAY_CASES
 
     from overlay.fuzz.ci_slice import slice_batches
 
@@ -153,11 +154,15 @@ def parity_run(models, upstream_python, overlay_python, tmp_path_factory):
                 assert build == "overlay", "upstream has no multi-step decode"
                 llm["num_scheduler_steps"] = steps
             python = upstream_python if build == "upstream" else overlay_python
-            job = {"llm": llm, "cases": cases}
+            extra_cases = OVERLAY_CASES.get(engine, []) if build == "overlay" else []
+            job = {"llm": llm, "cases": cases + extra_cases}
             if batches := slice_batches(key):
                 job["batches"] = batches
             done[key], log = generate(python, job, tmp, "-".join(map(str, key)), timeout=600 + 30 * len(batches))
             done[key]["engine_log"] = log
+            # The overlay-only cases apart, so that "cases" lines up with the oracle's.
+            done[key]["overlay_cases"] = done[key]["cases"][len(cases) :]
+            done[key]["cases"] = done[key]["cases"][: len(cases)]
         return done[key]
 
     return _run

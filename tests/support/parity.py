@@ -107,17 +107,32 @@ SPEC_CASES = [
 # for a batch that is otherwise the window before's (vllm/v1/worker/gpu/multi_step/kept_batch.py
 # gathers the block tables again then).
 PAST_A_BLOCK_CASE = {"prompts": PROMPTS, "params": {**CASES["greedy"], "max_tokens": 136}}
+# Cases only the overlay runs, after the engine's own: upstream 0.32.0 on CPU dies on a seeded
+# request whose prompt is prefilled in chunks (patch 0017 mends it), so their oracle is upstream's
+# run of the same requests prefilled whole (the llama engine's CHUNKED_SEEDED_CASE). The prompts
+# (LONG_PROMPTS' words backwards: 140-150 tokens) share no prefix with the chunked engine's other
+# cases, so no cached block shortens them below the 64-token budget.
+CHUNKED_SEEDED_CASE = {
+    "prompts": [" ".join(reversed(p.split())) for p in LONG_PROMPTS[:3]],
+    "params": CASES["seeded"],
+}
+OVERLAY_CASES = {"chunked": [CHUNKED_SEEDED_CASE]}
 # name: (model, extra LLM kwargs, cases). One engine start runs every case of an
 # engine: the Llama's sampling matrix, shared prefixes, structured output and the
 # spec-decode cases (case_index finds one).
 ENGINES = {
-    "llama": ("llama", {}, SAMPLING + PREFIX_CASES + [STRUCTURED_CASE] + SPEC_CASES + [PAST_A_BLOCK_CASE]),
+    "llama": (
+        "llama",
+        {},
+        SAMPLING + PREFIX_CASES + [STRUCTURED_CASE] + SPEC_CASES + [PAST_A_BLOCK_CASE, CHUNKED_SEEDED_CASE],
+    ),
     "chunked": (
         "llama",
         CHUNKED,
         # No seeded sampling here: upstream 0.32 on CPU crashes when a seeded
         # request has a partial prefill chunk ("CPU Generator does not use
         # offset", gpu_model_runner.py:3499), with async scheduling on or off.
+        # The overlay runs it (OVERLAY_CASES).
         [
             {"prompts": LONG_PROMPTS, "params": CASES["greedy"]},
             {"prompts": LONG_PROMPTS, "params": CASES["penalties"]},
