@@ -10,8 +10,17 @@ round; the report gives each arm's medians over rounds, per mix and rate, and th
 N = 8 / upstream, N = 1 / upstream and N = 8 / N = 1 (machines here are noisy: ratios travel,
 absolute numbers do not), with the N = 8 server's share of tokens made in windows (/metrics).
 
+--repeats K sends each mix K times in a row to every server, the mixes' order alternating, so
+that each run of a mix has a run of the first mix (plain by default) beside it in the same server,
+seconds apart. The summary's "paired" then gives, per arm, mix and rate, the first mix's duration
+over the mix's in each adjacent pair (median and quartiles): how much longer the mix takes than
+plain traffic on the same server, which this host's drift between server starts (2x over
+minutes) does not blur as it blurs ratios of medians taken across servers.
+
   .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2 \
       --mixes production --rates 32 inf
+  .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2 --repeats 8 \
+      --arms N1 N8 --mixes plain production --rates inf
 """
 
 from __future__ import annotations
@@ -56,7 +65,8 @@ def send(server: Server, client_python: Path, mix: str, rate: str, args, tmp: Pa
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
-    return json.loads(out.read_text())["summary"]
+    data = json.loads(out.read_text())
+    return {**data["summary"], "duration": data["duration"]}
 
 
 def window_share(server: Server) -> float | None:
@@ -79,12 +89,32 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def paired(runs: list[dict], first: str) -> dict:
+    """Per arm, mix other than ``first`` and rate: ``first``'s duration over the mix's in each
+    pair of adjacent runs (same server, round, repeat and rate), median and quartiles."""
+    by_key = {(r["arm"], r["round"], r["repeat"], r["rate"]): r for r in runs if r["mix"] == first}
+    out: dict = {}
+    for run in runs:
+        partner = by_key.get((run["arm"], run["round"], run["repeat"], run["rate"]))
+        if run["mix"] != first and partner is not None:
+            out.setdefault(f"{run['arm']} {run['mix']}@{run['rate']}", []).append(partner["duration"] / run["duration"])
+    return {cell: {"first": first, **_spread(ratios)} for cell, ratios in out.items()}
+
+
+def _spread(values: list[float]) -> dict:
+    """Median and quartiles (the nearest ranks n // 4 and 3n // 4) of ``values``."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return {"pairs": n, "median": statistics.median(ordered), "quartiles": [ordered[n // 4], ordered[(3 * n) // 4]]}
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--mixes", nargs="+", default=["plain", "production", "long"])
     ap.add_argument("--rates", nargs="+", default=["8", "32", "64", "inf"])
     ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     ap.add_argument("--num-prompts", type=int, default=160)
+    ap.add_argument("--repeats", type=int, default=1, help="each mix this many times per server (see above)")
     results.add_json_argument(ap)
 
 
@@ -98,11 +128,14 @@ def main(args) -> int:
             for arm in args.arms if r % 2 == 0 else args.arms[::-1]:
                 server = start_server(arm, pythons, model, tmp)
                 try:
-                    for mix in args.mixes:
-                        for rate in args.rates:
-                            res = send(server, pythons[builds.OVERLAY], mix, rate, args, tmp)
-                            runs.append({"round": r + 1, "arm": arm, "mix": mix, "rate": rate, **res})
-                            print(f"round {r + 1} {arm:8} {mix:10} rate {rate:>4}: {json.dumps(res)}", flush=True)
+                    for repeat in range(args.repeats):
+                        for mix in args.mixes if (r + repeat) % 2 == 0 else args.mixes[::-1]:
+                            for rate in args.rates:
+                                res = send(server, pythons[builds.OVERLAY], mix, rate, args, tmp)
+                                runs.append({"round": r + 1, "repeat": repeat + 1, "arm": arm, "mix": mix,
+                                             "rate": rate, **res})  # fmt: skip
+                                print(f"round {r + 1}.{repeat + 1} {arm:8} {mix:10} rate {rate:>4}: {json.dumps(res)}",
+                                      flush=True)  # fmt: skip
                     if arm == "N8":  # over the server's whole life: every mix and rate
                         runs[-1]["window_share"] = window_share(server)
                 finally:
@@ -110,6 +143,10 @@ def main(args) -> int:
     summary = summarize(runs)
     for cell, figures in summary.items():
         print(cell, json.dumps(figures["ratios"]))
+    if args.repeats > 1 and len(args.mixes) > 1:
+        summary["paired"] = paired(runs, args.mixes[0])
+        for cell, spread in summary["paired"].items():
+            print(f"paired {cell}: {spread['first']} duration over this mix's {spread['median']:.3f}", flush=True)
     data = results.make("serve-mix", arguments=results.arguments(args), runs=runs, summary=summary,
                         python=pythons[builds.OVERLAY])  # fmt: skip
     results.write(data, args.json)

@@ -1,0 +1,40 @@
+"""bench.py serve-mix's paired summary (--repeats), engine-free: each mix against the run of the
+first mix beside it in the same server."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import serve_mix  # noqa: E402
+
+
+def _run(arm: str, round_: int, repeat: int, mix: str, duration: float, rate: str = "inf") -> dict:
+    return {"arm": arm, "round": round_, "repeat": repeat, "mix": mix, "rate": rate, "duration": duration}
+
+
+def test_each_run_is_paired_with_the_first_mix_beside_it_in_the_same_server():
+    runs = []
+    for repeat, (plain, production) in enumerate([(2.0, 2.5), (4.0, 4.0), (1.0, 2.0)], start=1):
+        runs += [_run("N8", 1, repeat, "plain", plain), _run("N8", 1, repeat, "production", production)]
+    # another server, slower overall: its pairs are its own
+    runs += [_run("N1", 1, 1, "production", 3.0), _run("N1", 1, 1, "plain", 6.0)]
+    out = serve_mix.paired(runs, "plain")
+    assert set(out) == {"N8 production@inf", "N1 production@inf"}
+    n8 = out["N8 production@inf"]
+    assert (n8["first"], n8["pairs"], n8["median"]) == ("plain", 3, 0.8)  # 0.5, 0.8, 1.0
+    assert n8["quartiles"] == [0.5, 1.0]  # nearest ranks n // 4 and 3n // 4
+    assert out["N1 production@inf"]["median"] == 2.0
+
+
+def test_a_run_without_a_partner_is_left_out_and_rates_pair_apart():
+    runs = [
+        _run("N8", 1, 1, "plain", 2.0, "inf"),
+        _run("N8", 1, 1, "production", 4.0, "inf"),
+        _run("N8", 1, 1, "production", 1.0, "32"),  # no plain run at 32 req/s
+        _run("N8", 1, 2, "json10", 1.0, "inf"),  # no plain run in repeat 2
+    ]
+    assert serve_mix.paired(runs, "plain") == {
+        "N8 production@inf": {"first": "plain", "pairs": 1, "median": 0.5, "quartiles": [0.5, 0.5]}
+    }
