@@ -34,8 +34,7 @@ def _scheduler(num_steps: int, joins: bool = False, **kwargs):
     scheduler = create_scheduler(**kwargs)
     scheduler.scheduler_config.num_scheduler_steps = num_steps
     scheduler.multi_step = DecodeWindowPlanner.create(scheduler)
-    scheduler.multi_step.joins = joins
-    scheduler.multi_step.join_always = joins
+    scheduler.multi_step.join_mode = "always" if joins else "off"
     return scheduler
 
 
@@ -229,7 +228,7 @@ def test_admitted_requests_join_where_enough_requests_run_beside_them():
     of n where their first tokens' wait, m * (n - 1) steps, is less than the
     step boundary a single step adds for all r + m requests."""
     scheduler = _scheduler(4, joins=True, max_num_seqs=16)
-    scheduler.multi_step.join_always = False
+    scheduler.multi_step.join_mode = "auto"
     running = create_requests(num_requests=5, num_tokens=6, max_tokens=64)
     waiting = create_requests(
         num_requests=3, num_tokens=6, max_tokens=64, req_ids=["a", "b", "c"]

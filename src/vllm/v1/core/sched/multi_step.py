@@ -68,11 +68,9 @@ class DecodeWindowPlanner:
             if MODEL_RUNNER_V2 and yield_enabled(scheduler.vllm_config)
             else None
         )
-        # Whether admitted requests join windows (`join`), and whether wherever
-        # the budget allows ("always") or where enough requests run beside them.
-        mode = join_mode(scheduler.vllm_config) if MODEL_RUNNER_V2 else "off"
-        self.joins = mode != "off"
-        self.join_always = mode == "always"
+        # Whether admitted requests join windows (`join`): "auto" where enough
+        # requests run beside them, "always" wherever the budget allows, "off".
+        self.join_mode = join_mode(scheduler.vllm_config) if MODEL_RUNNER_V2 else "off"
         # Whether structured-output requests run in windows: the worker masks
         # their inner steps (not with drafts: a drafted step's masks depend on
         # its drafts, which stay on the device).
@@ -149,7 +147,7 @@ class DecodeWindowPlanner:
         windows after their first step.
         """
         self._decide()
-        if self._window_size == 1 or not self.joins:
+        if self._window_size == 1 or self.join_mode == "off":
             return num_new_tokens
         completes = num_computed_tokens + num_new_tokens == request.num_tokens
         self._joining[request.request_id] = num_new_tokens - completes
@@ -206,7 +204,7 @@ class DecodeWindowPlanner:
         scheduler = self.scheduler
         num_running, num_waiting = scheduler.get_request_counts()
         admits = num_waiting and num_running < scheduler.max_num_running_reqs
-        if admits and (not self.joins or self.num_spec_tokens):
+        if admits and (self.join_mode == "off" or self.num_spec_tokens):
             # admit the waiting requests in a single step first (on Model
             # Runner V2 they join the window: `join`)
             return 1, SingleStepReason.ARRIVAL
@@ -262,7 +260,8 @@ class DecodeWindowPlanner:
             // max(1, num_running + len(prompts)),
         )
         if window_size < 2 or not (
-            self.join_always or self._join_pays(num_running, len(prompts), window_size)
+            self.join_mode == "always"
+            or self._join_pays(num_running, len(prompts), window_size)
         ):
             return 1, SingleStepReason.ARRIVAL
         return window_size, SingleStepReason.ARRIVAL
