@@ -10,12 +10,12 @@ round; the report gives each arm's medians over rounds, per mix and rate, and th
 N = 8 / upstream, N = 1 / upstream and N = 8 / N = 1 (machines here are noisy: ratios travel,
 absolute numbers do not), with the N = 8 server's share of tokens made in windows (/metrics).
 
---repeats K sends each mix K times in a row to every server, the mixes' order alternating, so
-that each run of a mix has a run of the first mix (plain by default) beside it in the same server,
-seconds apart. The summary's "paired" then gives, per arm, mix and rate, the first mix's duration
-over the mix's in each adjacent pair (median and quartiles): how much longer the mix takes than
-plain traffic on the same server, which this host's drift between server starts (2x over
-minutes) does not blur as it blurs ratios of medians taken across servers.
+--repeats K sends every mix K times to each server, one block of all mixes after another, the
+mixes' order alternating, so that each run of a mix has a run of the first mix (plain by default)
+in the same block on the same server, seconds apart. The summary's "paired" then gives, per arm,
+mix and rate, the first mix's duration over the mix's in each block (median and quartiles): how
+much longer the mix takes than plain traffic on the same server, which this host's drift between
+server starts (2x over minutes) does not blur as it blurs ratios of medians taken across servers.
 
   .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2 \
       --mixes production --rates 32 inf
@@ -91,7 +91,7 @@ def summarize(runs: list[dict]) -> dict:
 
 def paired(runs: list[dict], first: str) -> dict:
     """Per arm, mix other than ``first`` and rate: ``first``'s duration over the mix's in each
-    pair of adjacent runs (same server, round, repeat and rate), median and quartiles."""
+    block of runs (same server, round, repeat and rate), median and quartiles."""
     by_key = {(r["arm"], r["round"], r["repeat"], r["rate"]): r for r in runs if r["mix"] == first}
     out: dict = {}
     for run in runs:
