@@ -108,16 +108,19 @@ def export(tree_dir: Path, series_path: Path, own_patches: Path | None = None) -
     own = own_patches.relative_to(project) if own_patches is not None else None
     # contract.toml is read, not written: export_into needs its [families] beside the series
     written = (series_path.name, PATCH_DIR, SRC_DIR, CONTRACT_FILE, *([str(own.parent)] if own else []))
-    in_use = _patch_names(project) if own else []  # read before staging: every release's
+    # Read before staging (it copies one release's folder at most). A kept release's new patch is
+    # numbered past every name; the primary's past the kept releases' own (its series handles the rest).
+    in_use = patch_names(project, shared=own is not None)
     with staged(project, written) as stage:
-        return export_into(tree_dir, stage / series_path.name, stage / own if own else None, in_use)
+        return export_into(tree_dir, stage / series_path.name, stage / own if own else None, in_use=in_use)
 
 
 def export_into(
-    tree_dir: Path, series_path: Path, own_patches: Path | None = None, in_use: list[str] | None = None
+    tree_dir: Path, series_path: Path, own_patches: Path | None = None, *, in_use: list[str]
 ) -> list[tuple[str, str]]:
-    """``export``, writing in place: for a staging copy (``staged``). ``in_use``: every patch
-    name of every release (``_patch_names``), for a patch a release other than the primary adds."""
+    """``export``, writing in place: for a staging copy (``staged``). ``in_use``: the patch
+    names a new patch must be numbered past (``patch_names``): every release's for a kept
+    release's tree, the kept releases' own for the primary's."""
     if not (tree_dir / ".git").exists():
         raise InputError(f"{tree_dir} is not a patched tree: run `apply.py apply` first")
     if git(tree_dir, "status", "--porcelain", "--untracked-files=no").stdout.strip():
@@ -131,13 +134,14 @@ def export_into(
     # src/ files of the families this tree's upstream has no runner for stay as they are
     keep = left_out(series_path, tree_reader(tree_dir, UPSTREAM_TAG))
     if own_patches is not None:
-        fresh = _kept_release_names(_format_patches(tree_dir, added), old, in_use or [], names_path.name)
+        fresh = _kept_release_names(_format_patches(tree_dir, added), old, in_use, names_path.name)
         changes = write_own_patches(fresh, patch_dir, own_patches)
         if list(fresh) != old:
             shared = parse_series_text(series_path.read_text(), str(series_path))
             changes += write_release_series(own_patches.parent, list(fresh), shared)
     else:
-        changes = _write_patches(_keep_names(_format_patches(tree_dir, added), old), old, patch_dir, series_path)
+        fresh = _keep_names(_format_patches(tree_dir, added), old, in_use)
+        changes = _write_patches(fresh, old, patch_dir, series_path)
     return changes + write_modules(series_path.parent / SRC_DIR, added, keep)
 
 
@@ -151,15 +155,16 @@ def _format_patches(tree_dir: Path, added: dict) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
 
 
-def _keep_names(fresh: dict[str, bytes], old: list[str]) -> dict[str, bytes]:
+def _keep_names(fresh: dict[str, bytes], old: list[str], in_use: list[str]) -> dict[str, bytes]:
     """``fresh`` (git's names: a number by position, then the subject) in series order, each
     under the name the series already gives that subject: a patch keeps its number when one
     before it leaves the series. A new subject keeps git's name unless its number is not past
-    every kept patch's; then it takes the next number past them (git's by position would reuse
-    the number of a patch that left, which a kept release's own series may still use)."""
-    by_subject = {name.split("-", 1)[1]: name for name in old if "-" in name}
-    kept = [by_subject[n.split("-", 1)[1]] for n in fresh if n.split("-", 1)[1] in by_subject]
-    last = max((int(n.split("-", 1)[0]) for n in kept if n.split("-", 1)[0].isdigit()), default=0)
+    every kept patch's and every name in ``in_use`` (the kept releases' own patches); then it
+    takes the next number past them (git's by position would reuse the number of a patch that
+    left, which a kept release's own series may still use, or of a patch only they take)."""
+    by_subject = {_subject(name): name for name in old if "-" in name}
+    kept = [by_subject[_subject(n)] for n in fresh if _subject(n) in by_subject]
+    last = _last_number(kept + in_use)
     named = {}
     for name, data in sorted(fresh.items()):
         number, subject = name.split("-", 1)
@@ -185,7 +190,7 @@ def _kept_release_names(fresh: dict[str, bytes], old: list[str], in_use: list[st
             "add some after them; patches are removed or renamed on the primary release's tree"
         )
     by_subject = {_subject(name): name for name in in_use}
-    last = max((int(n.split("-", 1)[0]) for n in in_use if n.split("-", 1)[0].isdigit()), default=0)
+    last = _last_number(in_use)
     named = {name: fresh[git_name] for name, git_name in zip(old, ordered, strict=False)}
     for git_name in ordered[len(old) :]:
         subject = _subject(git_name)
@@ -200,9 +205,15 @@ def _subject(name: str) -> str:
     return name.split("-", 1)[1] if "-" in name else name
 
 
-def _patch_names(project: Path) -> list[str]:
-    """Every patch file name of the project: the shared ones and each release's own."""
-    folders = [project / PATCH_DIR, *(d / PATCH_DIR for d in sorted((project / RELEASES_DIR).glob("*")))]
+def _last_number(names: list[str]) -> int:
+    """The highest patch number among ``names`` (0: none)."""
+    return max((int(n.split("-", 1)[0]) for n in names if n.split("-", 1)[0].isdigit()), default=0)
+
+
+def patch_names(project: Path, *, shared: bool) -> list[str]:
+    """The patch file names of each kept release's own folder, and with ``shared`` the
+    primary's (patches/) too."""
+    folders = [*([project / PATCH_DIR] if shared else []), *(d / PATCH_DIR for d in (project / RELEASES_DIR).glob("*"))]
     return sorted({p.name for folder in folders for p in folder.glob("*.patch")})
 
 

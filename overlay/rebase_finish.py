@@ -16,7 +16,7 @@ from overlay.contract import CONTRACT_FILE, check_tree
 from overlay.errors import InputError
 from overlay.families import fit
 from overlay.lock import Lock
-from overlay.maintain import PATCH_DIR, exact_texts, export, export_into, staged, write_own_patches
+from overlay.maintain import PATCH_DIR, exact_texts, export, export_into, patch_names, staged, write_own_patches
 from overlay.modules import SRC_DIR
 from overlay.rebase_state import Rebase, RebaseResult, file_digest
 from overlay.series import SERIES_FILE, parse_series_text, write_series
@@ -45,7 +45,7 @@ def finish(rb: Rebase) -> RebaseResult:
         written = (series_path.name, PATCH_DIR, SRC_DIR, CONTRACT_FILE, releases.RELEASES_DIR,
                    *([lock_path.name] if inside else []))  # fmt: skip
         with staged(project, written) as stage:
-            changes = export_into(rb.tree, stage / series_path.name)
+            changes = export_into(rb.tree, stage / series_path.name, in_use=patch_names(project, shared=False))
             lockmod.dump(new_lock, stage / lock_path.name if inside else lock_path)
             # A patch that left the series on the new pin stays with each kept release that has it.
             changes += _keep_releases(stage, _kept(rb))

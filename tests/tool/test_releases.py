@@ -129,6 +129,15 @@ def test_a_kept_release_adds_a_patch_of_its_own_after_its_series(two_releases, t
     proc = run_tool("export", *two_releases.args(), "--tree", str(tree))
     assert proc.returncode == errors.BAD_INPUT and "removed or renamed on the primary" in proc.stderr
     assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == own
+    # the primary's next patch is numbered past the kept release's own (git's 0003 is taken)
+    primary = tmp_path / "tree2"
+    assert run_tool("apply", *two_releases.args(), "--tree", str(primary)).returncode == 0
+    engine = (primary / "vllm" / "engine.py").read_text()
+    (primary / "vllm" / "engine.py").write_text(engine.replace("x + 40\n", "x + 4000\n"))
+    git(primary, "commit", "-q", "-a", "-m", "forty\n\nWhy.\n\nUpstream-Status: not-forwarded\nTests: none")
+    proc = run_tool("export", *two_releases.args(), "--tree", str(primary))
+    assert proc.returncode == 0, proc.stderr
+    assert (two_releases.root / "series").read_text().split("\n")[-2] == "0004-forty.patch"
 
 
 def test_drop_the_oldest_in_one_command_but_never_the_primary(two_releases):
