@@ -83,7 +83,9 @@ def test_the_asking_rows_get_what_scoring_the_whole_batch_gives_them(
     whole = compute_topk_scores(logits, num_logprobs, sampled, cu_num_logits, **kwargs)
 
     rows = rows_that_want_logprobs(states, mapping)
-    part = compute_topk_scores_of_rows(rows, logits, num_logprobs, sampled, cu_num_logits, **kwargs)
+    part = compute_topk_scores_of_rows(
+        rows, logits, num_logprobs, sampled, cu_num_logits, **kwargs
+    )
 
     assert part.logprob_token_ids.shape == whole.logprob_token_ids.shape
     assert part.logprobs.shape == whole.logprobs.shape
@@ -92,7 +94,9 @@ def test_the_asking_rows_get_what_scoring_the_whole_batch_gives_them(
     index = torch.from_numpy(rows)
     assert torch.equal(part.logprob_token_ids[index], whole.logprob_token_ids[index])
     assert torch.equal(part.logprobs[index], whole.logprobs[index])
-    assert torch.equal(part.selected_token_ranks[index], whole.selected_token_ranks[index])
+    assert torch.equal(
+        part.selected_token_ranks[index], whole.selected_token_ranks[index]
+    )
     others = torch.ones(num_rows, dtype=torch.bool)
     others[index] = False
     assert torch.all(part.logprob_token_ids[others] == 0)

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from vllm.v1.worker.cpu.sampler import CPUSampler
 
 
-def rows_that_want_logprobs(sampler: CPUSampler, expanded_idx_mapping: torch.Tensor) -> np.ndarray | None:
+def rows_that_want_logprobs(
+    sampler: CPUSampler, expanded_idx_mapping: torch.Tensor
+) -> np.ndarray | None:
     """The logits rows whose request wants sample logprobs or the scores of
     chosen token ids, or None when every row does."""
     req_indices = expanded_idx_mapping.numpy()
@@ -78,7 +80,9 @@ def compute_topk_scores_of_rows(
     )
 
 
-def _spread(values: torch.Tensor, index: torch.Tensor, num_rows: int, fill: float) -> torch.Tensor:
+def _spread(
+    values: torch.Tensor, index: torch.Tensor, num_rows: int, fill: float
+) -> torch.Tensor:
     """`values` at rows `index` of a `num_rows`-row tensor filled with `fill`."""
     out = values.new_full((num_rows, *values.shape[1:]), fill)
     out[index] = values
