@@ -116,7 +116,9 @@ def _exact_problems(ours: dict, theirs: dict, compare_prompt_logprobs: bool = Tr
         for key in ("text", "finish_reason", "stop_reason"):
             if a[key] != b[key]:
                 problems.append(f"completion {i}: {key} overlay {a[key]!r}, upstream {b[key]!r}")
-        problems += _logprob_problems(f"completion {i} logprobs", a["logprobs"], b["logprobs"], a["token_ids"])
+        # Served rows name tokens by text: the sampled ones by theirs (the same token ids here).
+        sampled = a.get("sampled_texts") or a["token_ids"]
+        problems += _logprob_problems(f"completion {i} logprobs", a["logprobs"], b["logprobs"], sampled)
     return problems
 
 
@@ -128,7 +130,8 @@ def _logprob_problems(what: str, a: list | None, b: list | None, sampled: list[i
     run of 2026-12-02: Qwen3, structured output, rank 2 of 2 was token 205 in one build
     and 202 in the other, both -3.0856964588165283), so its id is not compared there;
     its value is, and the sampled token's id is compared in the token ids. ``sampled``: the
-    token sampled at each position (both builds'), where the rows are a completion's."""
+    token sampled at each position (both builds'), where the rows are a completion's, named
+    as the rows name tokens (an id; through the server, its text)."""
     if (a is None) != (b is None) or len(a or []) != len(b or []):
         return [f"{what}: {None if a is None else len(a)} rows, upstream {None if b is None else len(b)}"]
     for pos, (ra, rb) in enumerate(zip(a or [], b or [], strict=True)):
@@ -155,9 +158,12 @@ def _without_ties_at_the_sampled_value(ra: list | None, rb: list | None, token: 
     step, in another batch) round to one logprob and still order the tied tokens, so which of
     them is top-1, whether the sampled token is listed apart from the top-k, and its rank are
     arbitrary there. The sampled token's value and every entry at another value are still
-    compared (its id is compared in the token ids). Rows with ranks only (through `LLM`)."""
+    compared (its id is compared in the token ids). Through the server a row names tokens by
+    text and has no ranks (found by the run of 2026-12-06, JSON schema and logprobs=1: upstream
+    listed the sampled "\n" alone, the overlay "\t" beside it, both at -1.2601168155670166, the
+    tiny model's zero output rows); ``token`` is then the sampled token's text."""
     mine = [next((e for e in row or [] if e[0] == token), None) for row in (ra, rb)]
-    if None in mine or mine[0][1] != mine[1][1] or None in (mine[0][2], mine[1][2]):
+    if None in mine or mine[0][1] != mine[1][1]:
         return ra, rb
     value = mine[0][1]
     if not any(e[1] == value and e[0] != token for e in (ra or []) + (rb or [])):

@@ -73,6 +73,8 @@ def _served_request(server, request: dict, model: str) -> dict:
             "stop_reason": getattr(c, "stop_reason", None),
             "logprobs": None if c.logprobs is None else
             [sorted([t, lp, None] for t, lp in pos.items()) for pos in c.logprobs.top_logprobs],
+            # each position's sampled token as the rows name it (its text), for ties with it
+            "sampled_texts": None if c.logprobs is None else list(c.logprobs.tokens or []),
         }
         for c in sorted(response.choices, key=lambda c: c.index)
     ]  # fmt: skip

@@ -49,6 +49,27 @@ def test_tokens_tied_with_the_sampled_one_may_rank_in_any_order():
     assert _logprob_problems("lp", [wider], [[[7, -2.0, 2], [202, value, 1]]], [202]) == []
 
 
+def test_served_tokens_tied_with_the_sampled_one_may_be_listed_or_not():
+    """Found by the served run of 2026-12-06 (JSON schema, logprobs=1): the sampled "\\n" alone in
+    upstream's row, beside "\\t" (the same value: the tiny model's zero output rows) in the
+    overlay's. Served rows name tokens by text, the sampled one by its text too."""
+    value = -1.2601168155670166
+    overlay = [["\t", value, None], ["\n", value, None]]
+    upstream = [["\n", value, None]]
+    assert _logprob_problems("lp", [overlay], [upstream], ["\n"]) == []
+    assert _logprob_problems("lp", [upstream], [overlay], ["\n"]) == []
+    assert _logprob_problems("lp", [overlay], [upstream])  # not without the sampled texts
+    # another sampled text, another value, or an entry at another value: a difference
+    assert _logprob_problems("lp", [overlay], [[["\t", value, None]]], ["\n"])
+    assert _logprob_problems("lp", [overlay], [[["\n", value + 0.5, None]]], ["\n"])
+    assert _logprob_problems("lp", [[*overlay, ["x", -3.0, None]]], [[*upstream, ["y", -2.0, None]]], ["\n"])
+    completion = {"token_ids": [202], "text": "\n", "finish_reason": "length", "stop_reason": None}
+    ours = {**completion, "logprobs": [overlay], "sampled_texts": ["\n"]}
+    theirs = {**completion, "logprobs": [upstream], "sampled_texts": ["\n"]}
+    assert compare._exact_problems({"outputs": [ours], "prompt_logprobs": None},
+                                   {"outputs": [theirs], "prompt_logprobs": None}) == []  # fmt: skip
+
+
 def test_with_the_drafter_in_the_oracle_seeded_requests_with_drafts_are_compared_exactly(monkeypatch):
     """`fuzz --oracle-drafts`: the oracle drafts as the overlay does, so a drafter configuration's
     seeded random request must match token for token; without it only greedy ones can."""
