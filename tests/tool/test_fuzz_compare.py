@@ -70,6 +70,21 @@ def test_served_tokens_tied_with_the_sampled_one_may_be_listed_or_not():
                                    {"outputs": [theirs], "prompt_logprobs": None}) == []  # fmt: skip
 
 
+def test_served_top_k_tied_with_a_token_outside_the_row_above_the_sampled_one():
+    """Found by the served run of 2026-12-06 (JSON schema, logprobs=1): top-1 was "\\n" in the
+    overlay's row and "\\t" in upstream's (the same value), the sampled token listed below it."""
+    overlay = [["\n", -0.9, None], ["s", -2.5, None]]
+    upstream = [["\t", -0.9, None], ["s", -2.5, None]]
+    assert _logprob_problems("lp", [overlay], [upstream], ["s"]) == []
+    assert _logprob_problems("lp", [overlay], [upstream])  # not without the sampled texts
+    # the value is still compared, and the sampled token's text
+    assert _logprob_problems("lp", [overlay], [[["\t", -1.0, None], ["s", -2.5, None]]], ["s"])
+    assert _logprob_problems("lp", [overlay], [[["\t", -0.9, None], ["u", -2.5, None]]], ["s"])
+    # above the row's last top-k entry, tokens are compared
+    wider = [["a", -0.5, None], ["\n", -0.9, None], ["s", -2.5, None]]
+    assert _logprob_problems("lp", [wider], [[["b", -0.5, None], ["\t", -0.9, None], ["s", -2.5, None]]], ["s"])
+
+
 def test_with_the_drafter_in_the_oracle_seeded_requests_with_drafts_are_compared_exactly(monkeypatch):
     """`fuzz --oracle-drafts`: the oracle drafts as the overlay does, so a drafter configuration's
     seeded random request must match token for token; without it only greedy ones can."""
