@@ -46,6 +46,17 @@ def _trained(kind: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>")
 
 
+def _recording(decoded: list[int]):
+    """Upstream's decoder for `texts_of_ids`, noting in `decoded` each id it
+    is asked for."""
+
+    def decode(tok, token_ids: list[int]) -> list[str]:
+        decoded.extend(token_ids)
+        return _convert_ids_list_to_tokens(tok, token_ids)
+
+    return decode
+
+
 @pytest.fixture(params=["metaspace", "byte-level"])
 def kind(request) -> str:
     return request.param
@@ -71,11 +82,7 @@ def test_every_id_gets_the_text_decoding_it_alone_gives(kind: str, pooled: bool)
 def test_each_id_is_decoded_once():
     tokenizer = _trained("byte-level")
     decoded: list[int] = []
-
-    def decode(tok, token_ids: list[int]) -> list[str]:
-        decoded.extend(token_ids)
-        return _convert_ids_list_to_tokens(tok, token_ids)
-
+    decode = _recording(decoded)
     first = texts_of_ids(tokenizer, [5, 7, 5, 9, 7], decode)
     again = texts_of_ids(tokenizer, [9, 7, 5, 11], decode)
     assert decoded == [5, 7, 9, 11]
@@ -98,11 +105,7 @@ def test_the_cache_starts_again_when_it_would_outgrow_its_bound(monkeypatch):
     monkeypatch.setattr(token_texts, "MAX_CACHED_TEXTS", 4)
     tokenizer = _trained("byte-level")
     decoded: list[int] = []
-
-    def decode(tok, token_ids: list[int]) -> list[str]:
-        decoded.extend(token_ids)
-        return _convert_ids_list_to_tokens(tok, token_ids)
-
+    decode = _recording(decoded)
     texts_of_ids(tokenizer, [1, 2, 3], decode)
     texts_of_ids(tokenizer, [3, 4, 5], decode)  # 3 + 2 > 4: emptied first
     cache = getattr(tokenizer, token_texts._CACHE_KEY)
