@@ -41,6 +41,8 @@ ARMS = {"upstream": None, "N1": [], "N8": ["--num-scheduler-steps", "8"]}
 # Not run by default: N = 8 with the other multi_step_join policies (docs/benchmarks.md)
 ARMS |= {f"N8-join-{mode}": [*ARMS["N8"], "--additional-config", json.dumps({"multi_step_join": value})]
          for mode, value in (("always", "always"), ("off", False))}  # fmt: skip
+# ... and N = 1 and N = 8 without async scheduling (its one step of pipelining before a prompt)
+ARMS |= {f"{arm}-sync": [*ARMS[arm], "--no-async-scheduling"] for arm in ("N1", "N8")}
 DEFAULT_ARMS = ["upstream", "N1", "N8"]
 METRICS = ["output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "errors"]
 RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1")]
