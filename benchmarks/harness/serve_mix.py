@@ -5,7 +5,11 @@ Each arm's server (upstream: the unpatched build; N = 1: the overlay's defaults;
 idle vLLM server's worker still takes CPU). The requests come from benchmarks/traffic_client.py
 (`vllm bench serve` gives every request the same parameters; a server's traffic mixes them):
 plain, production (70% sampled, 10% logprobs, 10% JSON schema, 10% stop strings) and long
-prompts, Poisson arrivals at each --rates value ("inf": all at once). Arms alternate order each
+prompts, Poisson arrivals at each --rates value ("inf": all at once). Every run a server sees
+has prompts of its own (the client's seed is the run's place in the server's sequence; the same
+for every arm): before 2026-12-07 every rate of a mix sent the same prompts, so each server served
+all but its first run of a mix from its prefix cache (long prompts: 5-135 of 512-1536 tokens
+computed). Arms alternate order each
 round; the report gives each arm's medians over rounds, per mix and rate, and the ratios
 N = 8 / upstream, N = 1 / upstream and N = 8 / N = 1 (machines here are noisy: ratios travel,
 absolute numbers do not), with the N = 8 server's share of tokens made in windows (/metrics).
@@ -43,10 +47,6 @@ ARMS |= {f"N8-join-{mode}": [*ARMS["N8"], "--additional-config", json.dumps({"mu
          for mode, value in (("always", "always"), ("off", False))}  # fmt: skip
 # ... and N = 1 and N = 8 without async scheduling (its one step of pipelining before a prompt)
 ARMS |= {f"{arm}-sync": [*ARMS[arm], "--no-async-scheduling"] for arm in ("N1", "N8")}
-# ... and N = 1 and N = 8 scheduling ahead of every step, long prefills included (upstream's
-# async scheduling; vllm/v1/engine/schedule_ahead.py)
-ARMS |= {f"{arm}-ahead": [*ARMS[arm], "--additional-config", json.dumps({"async_schedule_ahead_prompt_tokens": False})]
-         for arm in ("N1", "N8")}  # fmt: skip
 DEFAULT_ARMS = ["upstream", "N1", "N8"]
 METRICS = ["output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "errors"]
 RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1")]
@@ -62,11 +62,11 @@ def start_server(arm: str, pythons: dict[str, Path], model: Path, tmp: Path) -> 
     return server
 
 
-def send(server: Server, client_python: Path, mix: str, rate: str, args, tmp: Path) -> dict:
+def send(server: Server, client_python: Path, mix: str, rate: str, seed: int, args, tmp: Path) -> dict:
     out = tmp / f"{mix}-{rate}.json"
     proc = run_env(
         client_python, BENCHMARKS / "traffic_client.py", "--base-url", server.base, "--model", "m", "--mix", mix,
-        "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", "0", "--out", out,
+        "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", str(seed), "--out", out,
         timeout=CLIENT_TIMEOUT_S,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -136,8 +136,11 @@ def main(args) -> int:
                 try:
                     for repeat in range(args.repeats):
                         for mix in args.mixes if (r + repeat) % 2 == 0 else args.mixes[::-1]:
-                            for rate in args.rates:
-                                res = send(server, pythons[builds.OVERLAY], mix, rate, args, tmp)
+                            for i, rate in enumerate(args.rates):
+                                # Prompts of their own for each run a server sees: a prompt sent
+                                # twice to one server is served from its prefix cache.
+                                seed = repeat * len(args.rates) + i
+                                res = send(server, pythons[builds.OVERLAY], mix, rate, seed, args, tmp)
                                 runs.append({"round": r + 1, "repeat": repeat + 1, "arm": arm, "mix": mix,
                                              "rate": rate, **res})  # fmt: skip
                                 print(f"round {r + 1}.{repeat + 1} {arm:8} {mix:10} rate {rate:>4}: {json.dumps(res)}",
