@@ -6,13 +6,13 @@ idle vLLM server's worker still takes CPU). The requests come from benchmarks/tr
 (`vllm bench serve` gives every request the same parameters; a server's traffic mixes them):
 plain, production (70% sampled, 10% logprobs, 10% JSON schema, 10% stop strings) and long
 prompts, Poisson arrivals at each --rates value ("inf": all at once). Every run a server sees
-has prompts of its own (the client's seed is the run's place in the server's sequence; the same
-for every arm): before 2026-12-07 every rate of a mix sent the same prompts, so each server served
-all but its first run of a mix from its prefix cache (long prompts: 5-135 of 512-1536 tokens
-computed). Arms alternate order each
-round; the report gives each arm's medians over rounds, per mix and rate, and the ratios
-N = 8 / upstream, N = 1 / upstream and N = 8 / N = 1 (machines here are noisy: ratios travel,
-absolute numbers do not), with the N = 8 server's share of tokens made in windows (/metrics).
+has prompts of its own (the client's seed is the run's place in the server's sequence, the same
+for every arm): a prompt sent twice to one server comes from its prefix cache, as the long
+prompts of every run but a server's first did before 2026-12-07 (docs/benchmarks.md). Arms
+alternate order each round; the report gives each arm's medians over rounds, per mix and rate,
+and the ratios N = 8 / upstream, N = 1 / upstream and N = 8 / N = 1 (machines here are noisy:
+ratios travel, absolute numbers do not), with the N = 8 server's share of tokens made in windows
+(/metrics).
 
 --repeats K sends every mix K times to each server, one block of all mixes after another, the
 mixes' order alternating, so that each run of a mix has a run of the first mix (plain by default)
@@ -137,9 +137,7 @@ def main(args) -> int:
                     for repeat in range(args.repeats):
                         for mix in args.mixes if (r + repeat) % 2 == 0 else args.mixes[::-1]:
                             for i, rate in enumerate(args.rates):
-                                # Prompts of their own for each run a server sees: a prompt sent
-                                # twice to one server is served from its prefix cache.
-                                seed = repeat * len(args.rates) + i
+                                seed = repeat * len(args.rates) + i  # fresh prompts (see above)
                                 res = send(server, pythons[builds.OVERLAY], mix, rate, seed, args, tmp)
                                 runs.append({"round": r + 1, "repeat": repeat + 1, "arm": arm, "mix": mix,
                                              "rate": rate, **res})  # fmt: skip

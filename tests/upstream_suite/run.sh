@@ -33,8 +33,9 @@ RELEASE_DIR=$(dirname "$0")/${UPSTREAM_RELEASE:?set UPSTREAM_RELEASE: the vLLM r
 # release with this script (informational unless STRICT_COUNTS=1). The files differ per release:
 # vLLM 0.34.0 removed Model Runner V1's tests (test_gpu_input_batch.py) and our V1-runner family
 # (contract.toml) is not laid into its tree. Every file src/tests/ holds (test_multi_step_*.py,
-# test_token_texts.py, ...) is the overlay's own, in upstream's style. test_prefix_caching.py is back in the selection of 0.32.0 and 0.34.0
-# since 2026-12-05 (~3 s a release with the cleanup plugin below; it had cost 139 s).
+# test_token_texts.py, ...) is the overlay's own, in upstream's style. test_prefix_caching.py is
+# back in the selection of 0.32.0 and 0.34.0 since 2026-12-05 (~3 s a release with the cleanup
+# plugin below; it had cost 139 s).
 declare -A EXPECT=()
 FILES=()
 while read -r f n; do EXPECT[$f]=$n; FILES+=("$f"); done < <(grep -v '^#' "$RELEASE_DIR/expect.txt" | grep .)
