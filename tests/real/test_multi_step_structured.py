@@ -2,7 +2,9 @@
 
 On Model Runner V2 a batch that holds structured-output requests runs windows: step 1 is
 masked by the engine core's bitmask, each inner step by the worker's own copy of each
-request's grammar (vllm/v1/worker/gpu/multi_step/window_grammar.py). The overlay with
+request's grammar (vllm/v1/worker/gpu/multi_step/window_grammar.py); under async scheduling
+(the overlay's default) step 1 too, once a request's copy followed it through a window, so
+that the engine core need not wait for the tokens in flight (patch 0021). The overlay with
 ``--num-scheduler-steps 8`` must give upstream's tokens exactly for every request of every
 batch: each structured-output option vLLM takes (JSON schema, json_object, regex, choice,
 grammar, structural tags), beside plain requests in the same batch, greedy and seeded, with
@@ -79,7 +81,10 @@ REASONING = {
 CASES = [_batch(option) for option in OPTIONS.values()] + [REASONING]
 BACKENDS = ("xgrammar", "guidance")
 STEPS = "vllm:iteration_tokens_total_count"  # engine steps that produced output
-WINDOWS = re.compile(r"Multi-step decode on Model Runner V2 \((\w+), (\w+)\): (\d+) windows, ([\d.]+) steps")
+WINDOWS = re.compile(
+    r"Multi-step decode on Model Runner V2 \((\w+), (\w+)\): (\d+) windows, ([\d.]+) steps per window, "
+    r"\d+ yielded to arrivals, (\d+) with step 1 masked by the worker"
+)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +151,9 @@ def test_structured_requests_ran_in_windows(structured_run, backend):
     log = ours["engine_log"]
     windows = WINDOWS.findall(log)
     assert windows and float(windows[-1][3]) > 2, windows
+    # under async scheduling the worker masked the step 1 of windows whose structured requests
+    # had tokens in flight, their copies having followed them through a window before
+    assert int(windows[-1][4]) > 0, windows
     assert "runs single steps from here" not in log
     assert "grammar rejected tokens" not in log
 

@@ -460,6 +460,41 @@ def test_structured_output_requests_run_in_windows(grammar_windows):
 @pytest.mark.skipif(
     not MODEL_RUNNER_V2, reason="windows hold structured output on Model Runner V2"
 )
+def test_the_worker_masks_step_one_once_its_copy_followed_a_window():
+    """Under async scheduling a window whose structured request has tokens in
+    flight is sampled only after the window before is processed, unless the
+    worker's copy of its grammar followed it through a window: then the
+    worker masks its step 1 and the engine core need not wait."""
+    scheduler = _scheduler(4, async_scheduling=True)
+    (plain,) = create_requests(num_requests=1, req_ids=["plain"])
+    (structured,) = _structured_requests(1, req_ids=["structured"])
+    _prefill(scheduler, [plain, structured])
+
+    def followed(window, req_ids):
+        output = _output(window)
+        output.multi_step_grammars = req_ids
+        scheduler.update_from_output(window, output)
+
+    first = scheduler.schedule()  # nothing in flight: the engine core masks
+    assert first.multi_step_window and not first.pending_structured_output_tokens
+    assert first.multi_step_worker_masks is None
+    second = scheduler.schedule()  # the first in flight, no copy known yet
+    assert second.multi_step_window and second.pending_structured_output_tokens
+    assert second.multi_step_worker_masks is None
+    followed(first, ["structured"])
+    third = scheduler.schedule()
+    assert third.multi_step_window
+    assert third.multi_step_worker_masks == ["structured"]
+    assert not third.pending_structured_output_tokens
+    followed(second, [])  # its copy did not follow the second window
+    fourth = scheduler.schedule()
+    assert fourth.multi_step_window and fourth.pending_structured_output_tokens
+    assert fourth.multi_step_worker_masks is None
+
+
+@pytest.mark.skipif(
+    not MODEL_RUNNER_V2, reason="windows hold structured output on Model Runner V2"
+)
 def test_reasoning_state_goes_to_the_worker_with_a_new_request():
     """The worker's copy of a grammar starts where the engine core's request
     stands with reasoning (the frontend may have ended it already)."""

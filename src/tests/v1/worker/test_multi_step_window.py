@@ -47,8 +47,9 @@ class ScriptedRunner:
         self.execute_model_state = None
         # The tokens each inner step's post_update wrote, in row order.
         self.updates: list[list[int]] = []
-        # Each inner step's grammar masks.
+        # Each inner step's grammar masks, and each whole step's (step 1).
         self.grammar_outputs: list = []
+        self.step_grammar_outputs: list = []
         # Each request's token history, as the standalone runner keeps it:
         # two prompt tokens, then what it sampled.
         self.req_states = SimpleNamespace(
@@ -83,6 +84,7 @@ class ScriptedRunner:
         return [self.scripts[r].pop(0) for r in req_ids]
 
     def sample_tokens(self, grammar_output) -> ModelRunnerOutput:
+        self.step_grammar_outputs.append(grammar_output)
         executed, self.execute_model_state = self.execute_model_state, None
         req_ids = executed.input_batch.req_ids
         tokens = self._next_tokens(req_ids)
@@ -534,6 +536,42 @@ def test_inner_steps_of_a_structured_request_are_masked_by_the_workers_copy(
     # fed one at a time, the window's last token too (the next window's step 1
     # is masked by the engine core; its inner steps by this copy again)
     assert manager.fed["s"] == [7, 8, 9, 10]
+
+
+def test_the_worker_masks_step_one_where_the_scheduler_leaves_it(monkeypatch):
+    """The engine core filled step 1's row before its grammar took the window
+    before's tokens; the worker's copy, caught up, replaces it. The window
+    reports the copies that followed their requests through it."""
+    runner, windows = make_structured(
+        {"s": [7, 8, 9, 10], "p": [7, 8, 9, 10]}, monkeypatch
+    )
+    runner.steps.clear()
+    window = step({"s": 3, "p": 3}, 3)
+    window.multi_step_worker_masks = ["s"]
+    # The engine core also filled a row for "gone", which stopped in the
+    # window before (it had not taken that window in): step 1 leaves it out.
+    output = run_masked_step(windows, window, ["gone", "s"])
+    assert output.sampled_token_ids == [[8, 9, 10], [8, 9, 10]]
+    # step 1's row from the copy after the prompt (2) and the first token (7),
+    # not the engine core's (0); the inner steps' as before
+    (step_one,) = runner.step_grammar_outputs[-1:]
+    assert step_one.structured_output_request_ids == ["s"]
+    assert step_one.grammar_bitmask.tolist() == [[3]]
+    masks = [g.grammar_bitmask.tolist() for g in runner.grammar_outputs]
+    assert masks == [[[4]], [[5]]]
+    assert output.multi_step_grammars == ["s"]
+
+
+def test_a_window_reports_no_copy_that_lost_its_request(monkeypatch):
+    runner, windows = make_structured(
+        {"s": [7, 8, REJECTED, 10], "p": [7, 8, 9, 10]}, monkeypatch
+    )
+    output = run_masked_step(windows, step({"s": 4, "p": 4}, 4), ["s"])
+    assert output.sampled_token_ids == [[8, REJECTED], [8, 9]]
+    assert output.multi_step_grammars == []
+    # a plain window reports nothing
+    _runner, plain = make_structured({"p": [7, 8, 9]}, monkeypatch)
+    assert run_step(plain, step({"p": 2}, 2)).multi_step_grammars is None
 
 
 def test_a_copy_starts_where_the_engine_cores_request_stands_with_reasoning(

@@ -18,7 +18,9 @@ scheduler ignores outputs for finished requests), as the runner no longer
 advances its state. A window also ends after the inner step in flight when a
 request arrives (window_yield.py). The worker masks each inner step of a
 structured-output request with its own copy of the request's grammar
-(window_grammar.py).
+(window_grammar.py), and step 1 too where the scheduler leaves it that
+(`SchedulerOutput.multi_step_worker_masks`), reporting which copies followed
+their requests through the window.
 """
 
 from dataclasses import dataclass, replace
@@ -99,6 +101,7 @@ class ModelRunnerV2Windows:
         self._num_windows = 0
         self._num_steps = 0
         self._num_yielded = 0
+        self._num_worker_masked = 0
 
     @classmethod
     def create(
@@ -143,18 +146,27 @@ class ModelRunnerV2Windows:
         if pending.ran_nothing:
             # The engine samples the step it scheduled all the same.
             return EMPTY_MODEL_RUNNER_OUTPUT
+        window = pending.window
+        if window is not None and window.multi_step_worker_masks:
+            self._num_worker_masked += 1
+            grammar_output = self._grammars.mask_step_one(
+                grammar_output,
+                window.multi_step_worker_masks,
+                pending.req_ids,
+                self.model_runner,
+            )
         first = self.inner_steps.sample_first(grammar_output, pending.executed_here)
-        if pending.window is None or first is None:
+        if window is None or first is None:
             return first
         start = WindowStart(
-            pending.window,
+            window,
             pending.req_ids,
             self._stop_ids,
             # The scheduler's output counts include the placeholders of the
             # step in flight under async scheduling: max_tokens is no bound.
             {} if self.async_scheduling else self._max_tokens,
         )
-        steps, requests, yielded = self._run_window(
+        steps, requests, yielded, followed = self._run_window(
             start, resolve_output(first), grammar_output
         )
         merged = merge_step_outputs(steps)
@@ -162,7 +174,8 @@ class ModelRunnerV2Windows:
         if spec_counts:
             merged.multi_step_spec_counts = spec_counts
         merged.multi_step_yielded = yielded
-        self._cut_windows.record(pending.window, requests, merged)
+        merged.multi_step_grammars = followed
+        self._cut_windows.record(window, requests, merged)
         return returned_like(first, merged)
 
     def _run_window(
@@ -170,9 +183,10 @@ class ModelRunnerV2Windows:
         start: WindowStart,
         first: ModelRunnerOutput,
         first_grammar: "GrammarOutput | None",
-    ) -> tuple[list[ModelRunnerOutput], WindowRequests, bool]:
+    ) -> tuple[list[ModelRunnerOutput], WindowRequests, bool, list[str] | None]:
         """Run a window's steps after step 1: every step's output, the tracker
-        of its requests, and whether the window yielded to an arrival."""
+        of its requests, whether the window yielded to an arrival, and the
+        structured-output requests its grammar copies followed through it."""
         inner_steps = self.inner_steps
         requests = inner_steps.requests(start)
         masks = self._grammars.start(first_grammar, start.req_ids, self.model_runner)
@@ -189,7 +203,7 @@ class ModelRunnerV2Windows:
             masks.accept(steps[-1])
         self._stopped = requests.stopped
         self._count(len(steps), yielded)
-        return steps, requests, yielded
+        return steps, requests, yielded, masks.followed()
 
     def _track_requests(self, scheduler_output: SchedulerOutput) -> None:
         """Remember each new request's stop tokens and max_tokens until it
@@ -213,12 +227,14 @@ class ModelRunnerV2Windows:
             described = self.inner_steps.describe()
             logger.info(
                 "Multi-step decode on Model Runner V2 (%s, %s): %d windows, "
-                "%.2f steps per window, %d yielded to arrivals%s.",
+                "%.2f steps per window, %d yielded to arrivals, %d with step 1 "
+                "masked by the worker%s.",
                 type(self.model_runner).__name__,
                 type(self.inner_steps).__name__,
                 self._num_windows,
                 self._num_steps / self._num_windows,
                 self._num_yielded,
+                self._num_worker_masked,
                 "; " + described if described else "",
             )
 

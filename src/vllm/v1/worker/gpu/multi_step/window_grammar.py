@@ -15,10 +15,14 @@ at a time, reasoning included). After the window the engine core's grammar
 accepts the window's tokens (a rejection is logged there as the bug it is).
 
 A copy catches up at a window's step 1 from the runner's own token history,
-so the steps between windows cost nothing here. Within the window it advances
-on each inner step's tokens, which the window reads on the host anyway (to see
-stops): structured requests add no sync and no round trip to the engine core,
-only the bitmask fill and its copy to the device per inner step.
+so the steps between windows cost nothing here. Where the scheduler leaves a
+window's step 1 to the worker (its requests' copies followed them through
+their last window), the copies catch up before step 1 and replace the engine
+core's rows, which it filled without waiting for the tokens in flight.
+Within the window a copy advances on each inner step's tokens, which the
+window reads on the host anyway (to see stops): structured requests add no
+sync and no round trip to the engine core, only the bitmask fill and its copy
+to the device per inner step.
 
 Where a copy cannot follow its request (its grammar did not compile in the
 worker, or it rejected a sampled token), the window ends after the step in
@@ -139,6 +143,57 @@ class WindowGrammars:
             followed.append(req_id)
         return WindowMasks(self, followed)
 
+    def mask_step_one(
+        self,
+        grammar_output: GrammarOutput | None,
+        worker_masks: list[str],
+        req_ids: list[str],
+        model_runner: Any,
+    ) -> GrammarOutput | None:
+        """Step 1's masks (`grammar_output`, the engine core's, one row per
+        request) for the requests step 1 runs (`req_ids`), with the rows of
+        `worker_masks` filled from their copies, caught up with every token
+        sampled before step 1. The engine core filled its bitmask before it
+        took in the window before: those rows from grammars a window behind,
+        and rows for requests that stopped there, which step 1 leaves out. A
+        copy that cannot follow leaves its row unmasked, logged: it is a bug
+        (the scheduler names only requests whose copies followed them
+        through a window)."""
+        if grammar_output is None:
+            return None
+        in_step = set(req_ids)
+        kept = [
+            (row, req_id)
+            for row, req_id in enumerate(grammar_output.structured_output_request_ids)
+            if req_id in in_step
+        ]
+        if not kept:
+            return None
+        rows = [req_id for _, req_id in kept]
+        engine_rows = grammar_output.grammar_bitmask
+        assert len(engine_rows) == len(grammar_output.structured_output_request_ids), (
+            "one row per request: no drafts in a structured window"
+        )
+        bitmask = engine_rows[[row for row, _ in kept]]  # a copy
+        mine = [req_id for req_id in worker_masks if req_id in in_step]
+        followed = [
+            req_id
+            for req_id in mine
+            if req_id not in self._lost and self._catch_up(req_id, model_runner)
+        ]
+        filled = self.masks(followed).grammar_bitmask if followed else ()
+        index = {req_id: row for row, req_id in enumerate(rows)}
+        for req_id, row in zip(followed, filled):
+            bitmask[index[req_id]] = row
+        for req_id in set(mine).difference(followed):
+            bitmask[index[req_id]] = -1  # every token allowed
+            logger.error(
+                "Multi-step decode: step 1 of a window sampled request %s "
+                "without its grammar mask: the worker's copy cannot follow it.",
+                req_id,
+            )
+        return GrammarOutput(rows, bitmask)
+
     def _start_copy(self, req_id: str, created: _Created) -> None:
         """A new copy of the request's grammar, compiled in the background."""
         structured_request = StructuredOutputRequest.from_sampling_params(
@@ -242,6 +297,11 @@ class WindowMasks:
             return None  # a window without structured requests: no work per step
         req_ids = [req_id for req_id in running if req_id in self._req_ids]
         return self._grammars.masks(req_ids) if req_ids else None
+
+    def followed(self) -> list[str] | None:
+        """The requests whose copies followed them through the window (None:
+        it held no structured-output request)."""
+        return sorted(self._req_ids) if self._req_ids or self.lost else None
 
     def accept(self, step: ModelRunnerOutput) -> None:
         """Feed each copy the token its request sampled in the inner step."""
