@@ -175,14 +175,15 @@ class WindowGrammars:
             "one row per request: no drafts in a structured window"
         )
         bitmask = engine_rows[[row for row, _ in kept]]  # a copy
-        mine = [req_id for req_id in worker_masks if req_id in in_step]
+        index = {req_id: row for row, req_id in enumerate(rows)}
+        # the engine core's rows name the same requests (same filter, same step)
+        mine = [req_id for req_id in worker_masks if req_id in index]
         followed = [
             req_id
             for req_id in mine
             if req_id not in self._lost and self._catch_up(req_id, model_runner)
         ]
         filled = self.masks(followed).grammar_bitmask if followed else ()
-        index = {req_id: row for row, req_id in enumerate(rows)}
         for req_id, row in zip(followed, filled):
             bitmask[index[req_id]] = row
         for req_id in set(mine).difference(followed):
