@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.v1.worker.test_multi_step_inner_steps import window
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.worker.cpu.model_states.default import DefaultModelState
 from vllm.v1.worker.cpu.sampler import CPUSampler
 from vllm.v1.worker.cpu.standalone_model_runner import StandaloneCPUModelRunner
@@ -67,6 +67,7 @@ class Runner(StandaloneCPUModelRunner):
     def __init__(self, sampler: Sampler | None = None) -> None:
         self.calls: list[str] = []
         self.executed: list[SchedulerOutput] = []
+        self.grammar_outputs: list = []  # what `sample` masked each step with
         self.execute_model_state = None
         self.decode_query_len = 1
         self.block_tables = SimpleNamespace(has_sliding_window_groups=False)
@@ -87,6 +88,15 @@ class Runner(StandaloneCPUModelRunner):
 
     def sample(self, hidden_states, input_batch, grammar_output):
         self.calls.append("sample")
+        self.grammar_outputs.append(grammar_output)
+        num_reqs = input_batch.num_reqs
+        sampled = SimpleNamespace(
+            sampled_token_ids=torch.ones(num_reqs, 1, dtype=torch.int64),
+            logprobs_tensors=None,
+            num_nans=None,
+        )
+        num_sampled = torch.ones(num_reqs, dtype=torch.int32)
+        return sampled, num_sampled, torch.zeros_like(num_sampled)
 
     def finish_requests(self, scheduler_output):
         self.calls.append("finish_requests")
@@ -191,7 +201,6 @@ def test_an_inner_step_of_other_requests_is_the_runners_and_its_batch_is_kept(ke
         step_of({"b": 1, "a": 1}),  # another order than the runner's
         step_of({"a": 1, "b": 1, "c": 1}),  # another request
         step_of({"a": 1, "b": 2}),  # prompt tokens
-        step_of({"a": 1, "b": 1}, has_structured_output_requests=True),
         step_of({"a": 1, "b": 1}, scheduled_new_reqs=[object()]),
     ],
 )
@@ -230,6 +239,24 @@ def test_step_one_of_the_same_decoding_requests_runs_on_the_kept_batch(kept):
     runner.postprocess_sampled = lambda *args: runner.calls.append("post_update")
     inner_steps.sample_first(None, executed_here=True)
     assert runner.calls[-1] == "post_update" and "sample_tokens" not in runner.calls
+
+
+def test_a_structured_step_one_runs_on_the_kept_batch_masked_by_its_grammar(kept):
+    """Step 1's grammar output (the engine core's, or the worker's rows:
+    window_grammar.py) masks it as the runner's own `sample` masks a step."""
+    runner, inner_steps, forwards = kept
+    step_one = step_of({"a": 1, "b": 1}, has_structured_output_requests=True)
+    assert inner_steps.execute_first(step_one)
+    assert forwards == [(["a", "b"], set())] and not runner.executed
+    runner.execute_model_state = SimpleNamespace(
+        input_batch=inner_steps._batch, hidden_states=torch.eye(3)[:2]
+    )
+    runner.postprocess_sampled = lambda *args: runner.calls.append("post_update")
+    grammar = GrammarOutput(["b"], np.zeros((1, 1), dtype=np.int32))
+    output = inner_steps.sample_first(grammar, executed_here=True)
+    assert runner.grammar_outputs == [grammar]
+    assert output.sampled_token_ids == [[1], [1]]
+    assert "sample_tokens" not in runner.calls
 
 
 def test_plain_sampling_draws_each_request_at_its_position():

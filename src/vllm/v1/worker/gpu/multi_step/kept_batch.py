@@ -153,9 +153,10 @@ class KeptBatchInnerSteps(InnerSteps):
     ) -> "ModelRunnerOutput | AsyncModelRunnerOutput | None":
         self.keep_executed()  # this step's batch, before sampling consumes it
         # A step 1 on the kept batch is a decode step of requests already
-        # running, as an inner step is: sampled as one.
+        # running, as an inner step is: sampled as one, masked by step 1's
+        # grammar output.
         if executed_here:
-            return self.sample()
+            return self.sample(grammar_output)
         return super().sample_first(grammar_output, executed_here)
 
     def execute(self, requests: WindowRequests) -> None:
@@ -225,7 +226,6 @@ class KeptBatchInnerSteps(InnerSteps):
             or not _decodes(cpu_batch)
             or scheduler_output.total_num_scheduled_tokens != len(num_scheduled)
             or scheduler_output.scheduled_new_reqs
-            or scheduler_output.has_structured_output_requests
             or scheduler_output.scheduled_encoder_inputs
             or scheduler_output.encoder_input_updates
             or cpu_batch.req_ids
