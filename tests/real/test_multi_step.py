@@ -118,9 +118,10 @@ def test_mrv2_windows_ran(parity_run, engine, steps, async_mode):
     assert yielded == "0", found
     # The standalone runner's steps reuse the step before's batch while its requests are the
     # same (vllm/v1/worker/gpu/multi_step/kept_batch.py): inner steps, and a window's step 1
-    # where the window before ran the same decoding requests; and sample the steps of requests
-    # that want no logprobs (most of the cases compared) with the sampler's `sample` alone. The
-    # GPU runner's steps are the runner's own pieces.
+    # where the window before ran the same decoding requests; and sample their decode steps,
+    # logprobs and grammar masks included, with the sampler's `sample` alone
+    # (vllm/v1/worker/gpu/multi_step/decode_sampling.py). The GPU runner's steps are the
+    # runner's own pieces.
     if runner == "StandaloneCPUModelRunner":
         assert kind == "KeptBatchInnerSteps", found
         assert int(reused) >= 50 and int(first_reused) >= 10 and int(plain) >= 50, found

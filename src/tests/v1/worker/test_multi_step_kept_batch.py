@@ -16,6 +16,7 @@ from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.worker.cpu.model_states.default import DefaultModelState
 from vllm.v1.worker.cpu.sampler import CPUSampler
 from vllm.v1.worker.cpu.standalone_model_runner import StandaloneCPUModelRunner
+from vllm.v1.worker.cpu.structured_outputs import CPUStructuredOutputsWorker
 from vllm.v1.worker.gpu.multi_step.inner_steps import pick_inner_steps
 from vllm.v1.worker.gpu.multi_step.kept_batch import KeptBatchInnerSteps
 from vllm.v1.worker.gpu.multi_step.window_requests import PlainRequests, WindowStart
@@ -73,7 +74,10 @@ class Runner(StandaloneCPUModelRunner):
         self.block_tables = SimpleNamespace(has_sliding_window_groups=False)
         self.model_state = DefaultModelState.__new__(DefaultModelState)
         self.sampler = sampler or Sampler()
-        self.model = SimpleNamespace(compute_logits=lambda hidden: hidden)
+        self.model = SimpleNamespace(compute_logits=lambda hidden: hidden.clone())
+        self.structured_outputs_worker = CPUStructuredOutputsWorker(
+            8, 3, torch.device("cpu"), mask_stride=1
+        )
         self.uses_inputs_embeds = False
         self.is_encoder_decoder = False
         self.fast_prefill = None
@@ -252,11 +256,12 @@ def test_a_structured_step_one_runs_on_the_kept_batch_masked_by_its_grammar(kept
         input_batch=inner_steps._batch, hidden_states=torch.eye(3)[:2]
     )
     runner.postprocess_sampled = lambda *args: runner.calls.append("post_update")
+    # "b" may sample no token of the three: its largest logit (token 1) is
+    # masked with the rest, and the draw falls to token 0.
     grammar = GrammarOutput(["b"], np.zeros((1, 1), dtype=np.int32))
     output = inner_steps.sample_first(grammar, executed_here=True)
-    assert runner.grammar_outputs == [grammar]
-    assert output.sampled_token_ids == [[1], [1]]
-    assert "sample_tokens" not in runner.calls
+    assert output.sampled_token_ids == [[0], [0]]
+    assert "sample_tokens" not in runner.calls and "sample" not in runner.calls
 
 
 def test_plain_sampling_draws_each_request_at_its_position():
@@ -264,7 +269,7 @@ def test_plain_sampling_draws_each_request_at_its_position():
     inner_steps = KeptBatchInnerSteps(runner)
     batch = decode_batch(["a", "b"])
     hidden = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    output, num_sampled, num_rejected = inner_steps._sample(hidden, batch, None)
+    output, num_sampled, num_rejected = inner_steps.sampling.sample(hidden, batch, None)
     assert output.sampled_token_ids.tolist() == [[1], [2]]
     assert num_sampled.tolist() == [1, 1] and num_rejected.tolist() == [0, 0]
     # Draws are keyed by (seed, position): each request's own position.
@@ -272,12 +277,25 @@ def test_plain_sampling_draws_each_request_at_its_position():
     assert draw["pos"].tolist() == [10, 11]
     assert draw["input_ids"].tolist() == [0, 1]
     assert "sample" not in runner.calls
-    assert inner_steps.num_plain_steps == inner_steps.num_sampled_steps == 1
+    sampling = inner_steps.sampling
+    assert sampling.num_direct_steps == sampling.num_sampled_steps == 1
 
 
-def test_a_step_that_wants_logprobs_is_sampled_by_the_runners_sample():
-    runner = Runner(Sampler(logprobs=True))
-    inner_steps = KeptBatchInnerSteps(runner)
-    inner_steps._sample(torch.eye(3)[:2], decode_batch(["a", "b"]), None)
-    assert runner.calls == ["sample"] and not runner.sampler.draws
-    assert inner_steps.num_plain_steps == 0
+def test_each_sampled_step_is_claimed_and_the_window_scores_them(kept):
+    """The steps' logprobs, left for the window's end (decode_sampling.py),
+    are scored when the window finishes."""
+    runner, inner_steps, _ = kept
+    events = []
+    inner_steps.sampling = SimpleNamespace(
+        sample=runner.sample,
+        claim=lambda output: events.append(("claim", output.req_ids)),
+        score=lambda: events.append("score"),
+    )
+    runner.postprocess_sampled = lambda *args: None
+    for _ in range(2):
+        runner.execute_model_state = SimpleNamespace(
+            input_batch=inner_steps._batch, hidden_states=torch.eye(3)[:2]
+        )
+        inner_steps.sample()
+    inner_steps.finish_window()
+    assert events == [("claim", ["a", "b"]), ("claim", ["a", "b"]), "score"]

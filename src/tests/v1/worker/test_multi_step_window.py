@@ -24,6 +24,7 @@ from vllm.v1.core.sched.output import (
     SchedulerOutput,
 )
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.worker.gpu.multi_step import window as window_module
 from vllm.v1.worker.gpu.multi_step import window_grammar
 from vllm.v1.worker.gpu.multi_step.window import ModelRunnerV2Windows
 
@@ -195,6 +196,26 @@ def make(scripts: dict[str, list], async_scheduling: bool = True, drafts: int = 
     prompts = step(dict.fromkeys(scripts, 2), 0, [new_request(r) for r in scripts])
     run_step(windows, prompts)
     return runner, windows
+
+
+def test_a_window_finishes_its_steps_after_the_last_and_before_merging(monkeypatch):
+    """What sampling left for the window's end (the kept batch's logprobs)
+    is done once the last step ran, before the steps' outputs are merged."""
+    runner, windows = make({"a": [7, 8, 9, 10, 11]})
+    events = []
+    monkeypatch.setattr(
+        windows.inner_steps,
+        "finish_window",
+        lambda: events.append(("finish", len(runner.updates))),
+    )
+    merge = window_module.merge_step_outputs
+    monkeypatch.setattr(
+        window_module,
+        "merge_step_outputs",
+        lambda steps: events.append(("merge", len(steps))) or merge(steps),
+    )
+    run_step(windows, step({"a": 4}, 4))
+    assert events == [("finish", 3), ("merge", 4)]
 
 
 def test_window_runs_each_request_to_its_stop_or_its_last_step():

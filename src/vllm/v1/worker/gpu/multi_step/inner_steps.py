@@ -85,6 +85,10 @@ class InnerSteps:
             self.model_runner, self.model_runner.sample, grammar_output
         )
 
+    def finish_window(self) -> None:
+        """Complete the outputs of the window's steps where sampling left part
+        of them for its end (the steps' logprobs on the kept batch)."""
+
     def describe(self) -> str:
         """What the periodic log says of these steps, beyond the windows."""
         return ""

@@ -16,9 +16,9 @@ runner's `execute_model` runs the step and its batch is kept for the next.
 A window's step 1 runs on the kept batch where the window before ran the same
 decoding requests in the order the runner would sort them: the scheduler's
 output is applied with the runner's own request updates and the step is
-sampled as an inner step. A decode step of requests that want no logprobs is
-sampled by the sampler's `sample` itself, not its `__call__`, whose other
-per-step work has fixed results for such a step.
+sampled as an inner step. A decode step is sampled by the sampler's `sample`
+itself, its masks and logprobs as the runner's `sample` gives them
+(decode_sampling.py).
 
 What `execute_model` does and these steps do not, and why that holds here:
 request updates in an inner step (a decode step inside a window changes no
@@ -47,12 +47,12 @@ from vllm.v1.worker.cpu.input_batch import (
     prepare_pos_seq_lens,
 )
 from vllm.v1.worker.cpu.model_states.default import DefaultModelState
-from vllm.v1.worker.cpu.sampler import CPUSampler, SamplerOutput
 from vllm.v1.worker.cpu.standalone_model_runner import (
     ExecuteModelState,
     StandaloneCPUModelRunner,
     sort_batch_req_ids,
 )
+from vllm.v1.worker.gpu.multi_step.decode_sampling import DecodeSampling, decodes
 from vllm.v1.worker.gpu.multi_step.inner_steps import InnerSteps, sample_inner_step
 from vllm.v1.worker.gpu.multi_step.window_requests import WindowRequests
 
@@ -94,24 +94,8 @@ class KeptBatchInnerSteps(InnerSteps):
             type(standalone.model_state) is DefaultModelState
             and not cpu_tables.has_sliding_window_groups
         )
-        # Whether the runner's sampler does nothing per step beyond sampling
-        # but what `sample` below leaves out (fixed by the model's config):
-        # no NaN counts, trace replay or sampling masks, no `__call__` of its own.
-        sampler = standalone.sampler
-        self._sampler_plain = (
-            sampler is not None
-            and type(sampler).__call__ is CPUSampler.__call__
-            and not sampler.compute_nans
-            and sampler.trace_replay_state is None
-            and not sampler.return_sampling_mask
-        )
-        # A batch and whether its requests want no logprobs (the same for
-        # every step on it: its requests and their parameters are fixed).
-        self._without_logprobs: tuple[InputBatch, bool] | None = None
-        # Steps sampled here, and how many of them without the sampler's
-        # bookkeeping (the window's log gives the share).
-        self.num_sampled_steps = 0
-        self.num_plain_steps = 0
+        # How a decode step on the kept batch is sampled.
+        self.sampling = DecodeSampling(standalone)
         # Inner steps run, and on the kept batch; windows' step 1 tried here,
         # and run on the kept batch (the window's log gives the shares).
         self.num_inner_steps = 0
@@ -170,19 +154,25 @@ class KeptBatchInnerSteps(InnerSteps):
     def sample(
         self, grammar_output: "GrammarOutput | None" = None
     ) -> "ModelRunnerOutput":
-        return sample_inner_step(
+        output = sample_inner_step(
             self.standalone,  # type: ignore[arg-type]
-            self._sample,
+            self.sampling.sample,
             grammar_output,
         )
+        self.sampling.claim(output)
+        return output
+
+    def finish_window(self) -> None:
+        self.sampling.score()
 
     def describe(self) -> str:
+        sampling = self.sampling
         return (
             f"{_percent(self.num_inner_kept, self.num_inner_steps)}% of inner "
             f"steps and {_percent(self.num_first_kept, self.num_first_steps)}% "
             "of first steps on the batch of the step before, "
-            f"{_percent(self.num_plain_steps, self.num_sampled_steps)}% of "
-            "steps sampled without the sampler's per-step bookkeeping"
+            f"{_percent(sampling.num_direct_steps, sampling.num_sampled_steps)}%"
+            " of steps sampled without the sampler's per-step bookkeeping"
         )
 
     def keep_executed(self) -> None:
@@ -204,7 +194,7 @@ class KeptBatchInnerSteps(InnerSteps):
         cpu_batch = self._batch
         if (
             cpu_batch is None
-            or not _decodes(cpu_batch)  # step 1 prefilled a prompt
+            or not decodes(cpu_batch)  # step 1 prefilled a prompt
             or cpu_batch.num_reqs != len(req_ids)
             or not set(cpu_batch.req_ids).issuperset(req_ids)
         ):
@@ -223,7 +213,7 @@ class KeptBatchInnerSteps(InnerSteps):
         num_scheduled = scheduler_output.num_scheduled_tokens
         if (
             cpu_batch is None
-            or not _decodes(cpu_batch)
+            or not decodes(cpu_batch)
             or scheduler_output.total_num_scheduled_tokens != len(num_scheduled)
             or scheduler_output.scheduled_new_reqs
             or scheduler_output.scheduled_encoder_inputs
@@ -241,66 +231,6 @@ class KeptBatchInnerSteps(InnerSteps):
             self._attention = None  # block tables to gather again
         self._forward(cpu_batch, scheduler_output.finished_req_ids)
         return True
-
-    def _sample(
-        self,
-        hidden_states: torch.Tensor,
-        cpu_batch: InputBatch,
-        grammar_output: "GrammarOutput | None",
-    ) -> tuple[SamplerOutput, torch.Tensor, torch.Tensor]:
-        """The runner's `sample` of a step, for a window's decode steps
-        without the bookkeeping its sampler's `__call__` repeats every step.
-
-        A decode step of requests that want no logprobs samples exactly what
-        `__call__` samples, by the same `CPUSampler.sample` (logits
-        processors, temperature, min_p, top-k/top-p, Gumbel draws keyed by
-        seed and position), and its other results are fixed: one token per
-        request, none rejected (no prompt chunk, no drafts), no logprobs. What
-        `__call__` spends to find that out (the logprobs dimensions, the
-        chunked-prefill masks) was 29 of its 73 us in an inner step, in-process
-        (docs/benchmarks.md). Any other step goes to the runner's `sample`.
-        """
-        standalone = self.standalone
-        self.num_sampled_steps += 1
-        if grammar_output is not None or not self._samples_plainly(cpu_batch):
-            return standalone.sample(hidden_states, cpu_batch, grammar_output)
-        self.num_plain_steps += 1
-        sampler = standalone.sampler
-        logits_indices = cpu_batch.logits_indices
-        logits = standalone.model.compute_logits(hidden_states[logits_indices])
-        sampled, _ = sampler.sample(
-            logits=logits,
-            expanded_idx_mapping=cpu_batch.expanded_idx_mapping,
-            idx_mapping=cpu_batch.idx_mapping,
-            idx_mapping_np=cpu_batch.idx_mapping_np,
-            pos=cpu_batch.positions[logits_indices],
-            input_ids=cpu_batch.input_ids[logits_indices],
-            expanded_local_pos=cpu_batch.expanded_local_pos,
-            seq_lens_upper_bound_np=cpu_batch.seq_lens_cpu_upper_bound.numpy(),
-        )
-        num_sampled = cpu_batch.seq_lens.new_ones(cpu_batch.num_reqs)
-        num_rejected = cpu_batch.seq_lens.new_zeros(cpu_batch.num_reqs)
-        output = SamplerOutput(
-            sampled_token_ids=sampled.view(-1, 1),
-            logprobs_tensors=None,
-            num_nans=None,
-            num_sampled=num_sampled,
-            num_rejected=num_rejected,
-            sampling_mask_tensors=None,
-        )
-        return output, num_sampled, num_rejected
-
-    def _samples_plainly(self, cpu_batch: InputBatch) -> bool:
-        """Whether a step on `cpu_batch` is a decode step of requests that
-        want no logprobs, on a plain sampler (see `sample`)."""
-        if not self._sampler_plain or not _decodes(cpu_batch):
-            return False
-        known = self._without_logprobs
-        if known is None or known[0] is not cpu_batch:
-            sampler = self.standalone.sampler
-            dims = sampler.get_logprobs_dims(cpu_batch.idx_mapping_np)
-            known = self._without_logprobs = (cpu_batch, dims is None)
-        return known[1]
 
     def _forward(self, cpu_batch: InputBatch, finished_req_ids: set[str]) -> None:
         """Refresh what a decode step moves in `cpu_batch`, run the forward
@@ -438,12 +368,6 @@ class KeptBatchInnerSteps(InnerSteps):
 
 def _percent(part: int, whole: int) -> int:
     return 100 * part // max(whole, 1)
-
-
-def _decodes(cpu_batch: InputBatch) -> bool:
-    """Whether `cpu_batch` is a decode step of running requests: no prompt
-    tokens, one token (so one logit) per request."""
-    return not cpu_batch.has_prefill and cpu_batch.num_tokens == cpu_batch.num_reqs
 
 
 def _refresh_cpu_attention(

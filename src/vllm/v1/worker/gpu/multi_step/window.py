@@ -201,6 +201,7 @@ class ModelRunnerV2Windows:
             inner_steps.execute(requests)
             steps.append(inner_steps.sample(masks.next_step(requests.running)))
             masks.accept(steps[-1])
+        inner_steps.finish_window()
         self._stopped = requests.stopped
         self._count(len(steps), yielded)
         return steps, requests, yielded, masks.followed()
