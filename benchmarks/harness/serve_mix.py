@@ -21,6 +21,10 @@ mix and rate, the first mix's duration over the mix's in each block (median and 
 much longer the mix takes than plain traffic on the same server, which this host's drift between
 server starts (2x over minutes) does not blur as it blurs ratios of medians taken across servers.
 
+Each run also records the cores each of the server's processes used while its requests ran
+(harness/cpu_use.py; "rest" is mostly the client): on a 2-core host the runs all at once are a
+contest for the cores between the worker, the engine core, the API server and the client.
+
   .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2 \
       --mixes production --rates 32 inf
   .tool-venv/bin/python benchmarks/bench.py --upstream 0.34.0 serve-mix --rounds 2 --repeats 8 \
@@ -37,6 +41,7 @@ from pathlib import Path
 from support.engines import Server, run_env
 
 from harness import builds, results
+from harness.cpu_use import CpuMonitor
 from harness.paths import BENCHMARKS
 from harness.serve import server_command
 
@@ -64,15 +69,16 @@ def start_server(arm: str, pythons: dict[str, Path], model: Path, tmp: Path) -> 
 
 def send(server: Server, client_python: Path, mix: str, rate: str, seed: int, args, tmp: Path) -> dict:
     out = tmp / f"{mix}-{rate}.json"
-    proc = run_env(
-        client_python, BENCHMARKS / "traffic_client.py", "--base-url", server.base, "--model", "m", "--mix", mix,
-        "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", str(seed), "--out", out,
-        timeout=CLIENT_TIMEOUT_S,
-    )  # fmt: skip
+    with CpuMonitor(server.proc.pid) as cpu:
+        proc = run_env(
+            client_python, BENCHMARKS / "traffic_client.py", "--base-url", server.base, "--model", "m", "--mix", mix,
+            "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", str(seed), "--out", out,
+            timeout=CLIENT_TIMEOUT_S,
+        )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
     data = json.loads(out.read_text())
-    return {**data["summary"], "duration": data["duration"]}
+    return {**data["summary"], "duration": data["duration"], "cpu": cpu.usage(data["duration"])}
 
 
 def window_share(server: Server) -> float | None:
@@ -91,8 +97,16 @@ def summarize(runs: list[dict]) -> dict:
                for arm in dict.fromkeys(r["arm"] for r in cell)}  # fmt: skip
         ratios = {f"{a}/{b}": {k: med[a][k] / med[b][k] for k in METRICS[:-1] if med[b][k]}
                   for a, b in RATIOS if a in med and b in med}  # fmt: skip
-        out[f"{mix}@{rate}"] = {"median": med, "ratios": ratios}
+        cores = {arm: _median_cores([r["cpu"] for r in cell if r["arm"] == arm]) for arm in med}
+        out[f"{mix}@{rate}"] = {"median": med, "ratios": ratios, "cores": cores}
     return out
+
+
+def _median_cores(usages: list[dict]) -> dict:
+    """The median cores each server process, and the rest of the machine, used over ``usages``."""
+    names = dict.fromkeys(name for u in usages for name in u["server_processes_cores"])
+    cores = {name: statistics.median(u["server_processes_cores"].get(name, 0.0) for u in usages) for name in names}
+    return cores | {"rest": statistics.median(u["rest_cores"] for u in usages)}
 
 
 def paired(runs: list[dict], first: str) -> dict:

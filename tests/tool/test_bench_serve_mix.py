@@ -38,3 +38,17 @@ def test_a_run_without_a_partner_is_left_out_and_rates_pair_apart():
     assert serve_mix.paired(runs, "plain") == {
         "N8 production@inf": {"first": "plain", "pairs": 1, "median": 0.5, "quartiles": [0.5, 0.5]}
     }
+
+
+def test_the_summary_gives_each_arms_median_cores_per_process():
+    def run(arm: str, worker: float, api: float, rest: float) -> dict:
+        metrics = dict.fromkeys(serve_mix.METRICS, 1.0)
+        usage = {"server_processes_cores": {"VLLM::Worker": worker, "vllm": api}, "rest_cores": rest}
+        return {"arm": arm, "mix": "plain", "rate": "inf", **metrics, "cpu": usage}
+
+    runs = [run("N8", 0.9, 0.2, 0.1), run("N8", 1.0, 0.1, 0.2), run("N8", 0.5, 0.3, 0.3), run("N1", 0.6, 0.5, 0.4)]
+    cores = serve_mix.summarize(runs)["plain@inf"]["cores"]
+    assert cores == {
+        "N8": {"VLLM::Worker": 0.9, "vllm": 0.2, "rest": 0.2},
+        "N1": {"VLLM::Worker": 0.6, "vllm": 0.5, "rest": 0.4},
+    }

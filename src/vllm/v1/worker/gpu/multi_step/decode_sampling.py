@@ -199,11 +199,11 @@ class DecodeSampling:
     ) -> None:
         """Mask the logits of `grammar_output`'s requests as the runner's
         CPUStructuredOutputsWorker does (the same -inf at the same tokens)."""
-        worker = self.standalone.structured_outputs_worker
-        assert worker is not None
+        masks_worker = self.standalone.structured_outputs_worker
+        assert masks_worker is not None
         req_ids = grammar_output.structured_output_request_ids
-        if xgrammar is None or worker.mask_stride != 1 or not req_ids:
-            worker.apply_grammar_bitmask(
+        if xgrammar is None or masks_worker.mask_stride != 1 or not req_ids:
+            masks_worker.apply_grammar_bitmask(
                 logits, cpu_batch, req_ids, grammar_output.grammar_bitmask
             )
             return
@@ -275,13 +275,13 @@ class DecodeSampling:
         scores a step's rows."""
         sampler = self.standalone.sampler
         assert sampler is not None
-        logits = torch.cat([step.logits for step in steps])
-        sampled = torch.cat([step.sampled for step in steps])
+        logits = torch.cat([kept.logits for kept in steps])
+        sampled = torch.cat([kept.sampled for kept in steps])
         named = {}
         if max_token_ids > 0:
             named = {
-                "num_per_req_token_ids": torch.cat([s.num_token_ids for s in steps]),
-                "per_req_token_ids": torch.cat([s.token_ids for s in steps]),
+                "num_per_req_token_ids": torch.cat([k.num_token_ids for k in steps]),
+                "per_req_token_ids": torch.cat([k.token_ids for k in steps]),
                 "expanded_idx_mapping": torch.arange(logits.shape[0]),
             }
         scored = compute_topk_scores(
