@@ -74,7 +74,14 @@ def compute_topk_scores_of_rows(
         expanded_idx_mapping=expanded_idx_mapping[index],
         **kwargs,
     )
-    num_rows = logits.shape[0]
+    return spread_scores(scored, index, logits.shape[0])
+
+
+def spread_scores(
+    scored: LogprobsTensors, index: torch.Tensor, num_rows: int
+) -> LogprobsTensors:
+    """`scored` (the rows `index` of a batch) at their rows of a `num_rows`-row
+    batch, the other rows placeholders (token id 0, logprob -inf, rank 0)."""
     return scored._replace(
         logprob_token_ids=_spread(scored.logprob_token_ids, index, num_rows, 0),
         logprobs=_spread(scored.logprobs, index, num_rows, float("-inf")),

@@ -37,9 +37,12 @@ import numpy as np
 import torch
 
 from vllm.config.model import PROCESSED_LOGPROBS_MODES
-from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import LogprobsLists, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.worker.cpu.logprob import compute_topk_scores
-from vllm.v1.worker.cpu.requested_logprobs import rows_that_want_logprobs
+from vllm.v1.worker.cpu.requested_logprobs import (
+    rows_that_want_logprobs,
+    spread_scores,
+)
 from vllm.v1.worker.cpu.sampler import CPUSampler, SamplerOutput
 
 try:
@@ -270,7 +273,7 @@ class DecodeSampling:
 
     def _score_rows(
         self, steps: list[_Deferred], num_logprobs: int, max_token_ids: int
-    ) -> LogprobsLists:
+    ) -> LogprobsTensors:
         """The scores of every kept row of `steps`, in order, as `__call__`
         scores a step's rows."""
         sampler = self.standalone.sampler
@@ -284,7 +287,7 @@ class DecodeSampling:
                 "per_req_token_ids": torch.cat([k.token_ids for k in steps]),
                 "expanded_idx_mapping": torch.arange(logits.shape[0]),
             }
-        scored = compute_topk_scores(
+        return compute_topk_scores(
             logits,
             num_logprobs,
             sampled,
@@ -293,26 +296,18 @@ class DecodeSampling:
             logits_mode=sampler.logprobs_mode in ("raw_logits", "processed_logits"),
             **named,
         )
-        return scored.tolists()
 
 
 def _step_rows(
-    scored: LogprobsLists, start: int, stop: int, deferred: _Deferred
+    scored: LogprobsTensors, start: int, stop: int, deferred: _Deferred
 ) -> LogprobsLists:
-    """A step's logprob rows: its scored rows, where its asking rows are,
-    and the placeholders patch 0018 gives the other rows (token id 0,
-    logprob -inf, rank 0)."""
-    token_ids = scored.logprob_token_ids[start:stop]
-    logprobs = scored.logprobs[start:stop]
-    ranks = scored.sampled_token_ranks[start:stop]
-    rows = deferred.rows
-    if rows is None:
-        return LogprobsLists(token_ids, logprobs, ranks, None)
-    num_rows = deferred.num_rows
-    all_token_ids = np.zeros((num_rows, token_ids.shape[1]), token_ids.dtype)
-    all_logprobs = np.full((num_rows, logprobs.shape[1]), -np.inf, logprobs.dtype)
-    all_ranks = np.zeros(num_rows, ranks.dtype)
-    all_token_ids[rows] = token_ids
-    all_logprobs[rows] = logprobs
-    all_ranks[rows] = ranks
-    return LogprobsLists(all_token_ids, all_logprobs, all_ranks, None)
+    """A step's logprob rows: its scored rows, where its asking rows are, and
+    patch 0018's placeholders for the other rows."""
+    own = scored._replace(
+        logprob_token_ids=scored.logprob_token_ids[start:stop],
+        logprobs=scored.logprobs[start:stop],
+        selected_token_ranks=scored.selected_token_ranks[start:stop],
+    )
+    if deferred.rows is not None:
+        own = spread_scores(own, torch.from_numpy(deferred.rows), deferred.num_rows)
+    return own.tolists()
