@@ -52,6 +52,8 @@ ARMS |= {f"N8-join-{mode}": [*ARMS["N8"], "--additional-config", json.dumps({"mu
          for mode, value in (("always", "always"), ("off", False))}  # fmt: skip
 # ... and N = 1 and N = 8 without async scheduling (its one step of pipelining before a prompt)
 ARMS |= {f"{arm}-sync": [*ARMS[arm], "--no-async-scheduling"] for arm in ("N1", "N8")}
+# ... and N = 8 with the engine core spinning while a step runs, as upstream's does
+ARMS["N8-spin"] = [*ARMS["N8"], "--additional-config", json.dumps({"multi_step_engine_core_parks": False})]
 DEFAULT_ARMS = ["upstream", "N1", "N8"]
 METRICS = ["output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "errors"]
 RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1")]

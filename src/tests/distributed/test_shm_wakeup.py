@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The writer pings a MessageQueue's readers only when one may be parked."""
+"""The writer wakes a MessageQueue's readers only when one may be parked, and
+through the reader's own pipe where it has one."""
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from unittest import mock
 import pytest
 
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+from vllm.distributed.device_communicators.shm_wakeup import ReaderPipe, pipe_path
 
 SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 
@@ -35,6 +38,9 @@ def writer_and_reader() -> Iterator[tuple[MessageQueue, MessageQueue, mock.Mock]
     finally:
         writer.shutdown()
         reader.shutdown()
+        writer._spin_condition.wake_pipes.close()
+        if reader._spin_condition.wake_pipe is not None:
+            reader._spin_condition.wake_pipe.close()
         for socket in (
             writer.local_socket,
             notify_socket,
@@ -86,30 +92,107 @@ def test_without_a_full_fence_the_writer_pings_every_write(machine: str):
         assert ping.call_count == 3
 
 
-def test_parked_reader_is_pinged_once_then_spins_again():
+def dequeue_parked(writer: MessageQueue, reader: MessageQueue, item) -> float:
+    """Park `reader` on an empty queue, write `item`; seconds until it read it."""
+    received = []
+    thread = threading.Thread(target=lambda: received.append(reader.dequeue()))
+    thread.start()
+    wait_for(writer._spin_condition.idle_flags.any_raised)
+    time.sleep(0.05)  # let it reach the poll
+    started = time.monotonic()
+    writer.enqueue(item)
+    thread.join(timeout=10)
+    assert received == [item]
+    return time.monotonic() - started
+
+
+def test_parked_reader_is_woken_through_its_pipe_once_then_spins_again():
     with (
         writer_and_reader() as (writer, reader, ping),
-        # The ping, not the periodic re-check, must wake the reader.
+        # The pipe, not the periodic re-check, must wake the reader.
         mock.patch(f"{SHM_BROADCAST}.SHM_READER_RECHECK_INTERVAL_MS", new=60_000),
     ):
+        pipe = reader._spin_condition.wake_pipe
+        assert pipe is not None and pipe.fd is None  # made at the first park
         reader._spin_condition.busy_loop_s = 0  # parks at its first wait
-        received = []
-        thread = threading.Thread(target=lambda: received.append(reader.dequeue()))
-        thread.start()
-        wait_for(writer._spin_condition.idle_flags.any_raised)
-        time.sleep(0.05)  # let it reach the poll
-        started = time.monotonic()
-        writer.enqueue("wake")
-        thread.join(timeout=10)
-        assert received == ["wake"] and time.monotonic() - started < 2
-        ping.assert_called_once()
+        with mock.patch.object(pipe, "drain", wraps=pipe.drain) as drain:
+            assert dequeue_parked(writer, reader, "wake") < 2
+        drain.assert_called_once()
+        ping.assert_not_called()  # no ZMQ message: the pipe woke it
+        # Written to, the pipe keeps no name behind (both ends are open).
+        assert pipe.fd is not None and not os.path.exists(pipe.path)
+        assert dequeue_parked(writer, reader, "again") < 2
+        ping.assert_not_called()
 
-        # Having read, the reader lowered its flag: a busy reader gets no ping.
+        # Having read, the reader lowered its flag: a busy reader is not woken.
         assert not writer._spin_condition.idle_flags.any_raised()
         reader._spin_condition.busy_loop_s = 9999
-        writer.enqueue("busy")
+        with mock.patch("os.write", side_effect=AssertionError("woken")):
+            writer.enqueue("busy")
         assert reader.dequeue(timeout=5) == "busy"
+        ping.assert_not_called()
+
+
+def test_parked_reader_without_a_pipe_is_pinged_once():
+    with (
+        mock.patch.object(ReaderPipe, "create", return_value=None),
+        writer_and_reader() as (writer, reader, ping),
+        mock.patch(f"{SHM_BROADCAST}.SHM_READER_RECHECK_INTERVAL_MS", new=60_000),
+    ):
+        assert reader._spin_condition.wake_pipe is None
+        reader._spin_condition.busy_loop_s = 0
+        assert dequeue_parked(writer, reader, "wake") < 2
         ping.assert_called_once()
+
+
+@pytest.mark.parametrize("broken", ["not-made", "unwritable", "stale-name"])
+def test_a_pipe_the_writer_cannot_use_falls_back_to_the_ping(broken: str):
+    with (
+        writer_and_reader() as (writer, reader, ping),
+        mock.patch(f"{SHM_BROADCAST}.SHM_READER_RECHECK_INTERVAL_MS", new=60_000),
+    ):
+        reader._spin_condition.busy_loop_s = 0
+        pipe = reader._spin_condition.wake_pipe
+        if broken == "not-made":
+            with mock.patch("os.mkfifo", side_effect=OSError(28, "No space")):
+                assert dequeue_parked(writer, reader, "wake") < 2
+            assert pipe.unusable and not os.path.exists(pipe.path)
+            ping.assert_called_once()
+        elif broken == "unwritable":
+            with mock.patch("os.write", side_effect=OSError(28, "No space")):
+                assert dequeue_parked(writer, reader, "wake") < 2
+            assert not writer._spin_condition.wake_pipes.fds  # closed
+            ping.assert_called_once()
+        else:  # a pipe a killed reader left under this name is replaced
+            os.mkfifo(pipe.path, 0o600)
+            assert dequeue_parked(writer, reader, "wake") < 2
+            ping.assert_not_called()
+
+
+def test_a_pipe_its_writer_closed_is_no_longer_watched():
+    """At end of file a poll would return at once, every time: the reader
+    stops watching the pipe and is pinged over ZMQ from then on."""
+    with writer_and_reader() as (writer, reader, ping):
+        pipe = reader._spin_condition.wake_pipe
+        pipe.make()
+        writer._spin_condition.wake_pipes.wake([0])
+        writer._spin_condition.wake_pipes.close()
+        pipe.drain()  # the byte, then end of file
+        assert pipe.fd is None and pipe.unusable
+        assert not os.path.exists(pipe.path)
+        reader._spin_condition.busy_loop_s = 0
+        assert dequeue_parked(writer, reader, "wake") < 2
+        ping.assert_called_once()
+
+
+def test_the_pipe_goes_with_its_reader():
+    with writer_and_reader() as (_, reader, _):
+        pipe = reader._spin_condition.wake_pipe
+        pipe.make()
+        assert os.path.exists(pipe.path)
+        assert pipe.path == pipe_path(reader.buffer, 0)
+        pipe.close()
+        assert not os.path.exists(pipe.path)
 
 
 def test_write_landing_as_the_reader_parks_is_read_without_a_poll():

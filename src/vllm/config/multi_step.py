@@ -45,6 +45,10 @@ JOIN_MODES = {True: "auto", "always": "always", False: "off"}
 # (vllm/v1/worker/gpu/multi_step/window_grammar.py): on unless this key is false
 # (then a batch that holds one runs single steps). Not with drafts.
 STRUCTURED_OUTPUT_KEY = "multi_step_structured_output"
+# While a step runs, the engine core waits for its output parked, not spinning
+# (vllm/v1/engine/engine_core_park.py): by default on CPU, where it was
+# measured; true or false sets it on any device.
+ENGINE_CORE_PARK_KEY = "multi_step_engine_core_parks"
 # How many inner steps the device loop runs between looks at its alive mask.
 # On a CPU a look reads a host tensor (no sync: a few microseconds a step, so
 # every step); on an accelerator it is a host sync, so every 8 steps, the
@@ -133,6 +137,22 @@ def structured_output_enabled(vllm_config: "VllmConfig") -> bool:
     """Whether windows hold structured-output requests (STRUCTURED_OUTPUT_KEY).
     Raises ValueError naming the key for a value of the wrong type."""
     return _bool_option(_additional(vllm_config), STRUCTURED_OUTPUT_KEY)
+
+
+def engine_core_parks(vllm_config: "VllmConfig") -> bool:
+    """Whether the engine core waits for a step's output parked
+    (ENGINE_CORE_PARK_KEY): never without windows. Raises ValueError naming
+    the key for a value of the wrong type."""
+    if vllm_config.scheduler_config.num_scheduler_steps <= 1:
+        return False
+    measured = vllm_config.device_config.device_type == "cpu"
+    value = _additional(vllm_config).get(ENGINE_CORE_PARK_KEY, measured)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"additional_config['{ENGINE_CORE_PARK_KEY}'] must be true or "
+            f"false, got {value!r}."
+        )
+    return value
 
 
 def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:
@@ -308,6 +328,12 @@ def resolve_multi_step(vllm_config: "VllmConfig") -> None:
             + ". Use --num-scheduler-steps 1 for these."
         )
     if not windows_on_v1_runner():
+        if engine_core_parks(vllm_config):  # a value of the wrong type fails here
+            logger.info(
+                "Multi-step decode: the engine core waits for a step's output "
+                "parked, not spinning (%s: false keeps upstream's wait).",
+                ENGINE_CORE_PARK_KEY,
+            )
         _log_model_runner_v2_windows(
             vllm_config,
             steps,
