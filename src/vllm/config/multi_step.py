@@ -91,8 +91,8 @@ def multi_step_requested(vllm_config: "VllmConfig") -> bool:
     return max(vllm_config.scheduler_config.num_scheduler_steps, alias) > 1
 
 
-def _bool_option(additional: dict, key: str) -> bool:
-    value = additional.get(key, True)
+def _bool_option(additional: dict, key: str, default: bool = True) -> bool:
+    value = additional.get(key, default)
     if not isinstance(value, bool):
         raise ValueError(
             f"additional_config['{key}'] must be true or false, got {value!r}."
@@ -146,13 +146,7 @@ def engine_core_parks(vllm_config: "VllmConfig") -> bool:
     if vllm_config.scheduler_config.num_scheduler_steps <= 1:
         return False
     measured = vllm_config.device_config.device_type == "cpu"
-    value = _additional(vllm_config).get(ENGINE_CORE_PARK_KEY, measured)
-    if not isinstance(value, bool):
-        raise ValueError(
-            f"additional_config['{ENGINE_CORE_PARK_KEY}'] must be true or "
-            f"false, got {value!r}."
-        )
-    return value
+    return _bool_option(_additional(vllm_config), ENGINE_CORE_PARK_KEY, measured)
 
 
 def device_window_options(vllm_config: "VllmConfig") -> tuple[bool, int]:

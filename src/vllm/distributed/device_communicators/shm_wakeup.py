@@ -96,11 +96,12 @@ class IdleFlags:
             self.raised = False
 
     def any_raised(self) -> bool:
-        """For the writer, after the fence that follows its written-flag store."""
+        """Whether some reader's byte is up (as `raised_ranks`)."""
         return bool(self.raised_ranks())
 
     def raised_ranks(self) -> list[int]:
-        """The readers whose byte is up, read as `any_raised` reads them."""
+        """The readers whose byte is up. For the writer, after the fence that
+        follows its written-flag store."""
         start = self.buffer.idle_flags_offset
         with self.buffer.shared_memory.buf[start : start + self.buffer.n_reader] as f:
             return [rank for rank, flag in enumerate(f) if flag]
