@@ -9,6 +9,13 @@ every request; a server's traffic mixes them, so this client draws each request'
               (structured outputs: it ends at the schema's end), 10% with stop strings
   long        as plain, with 512-1536-token prompts (retrieval, chat histories): prompts that
               need several chunks of the token budget
+  production-lengths
+              production's requests (same prompts and seeds) sent as plain ones, each asking for
+              the output length its production twin got (--lengths: the token counts of a
+              production run with the same seed, which every build gives alike): production's
+              lengths without its logprobs, grammars and stop strings. Production's JSON and
+              stop-string requests end early, so it has fewer tokens to decode than plain; this
+              mix tells what production's work costs a build from what its lengths do.
 
 Prompts are random token ids of the tiny models' vocabulary; arrivals are Poisson at --rate
 requests/s ("inf": all at once). Per request: time to first token, time per output token after
@@ -37,18 +44,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support.parity import SCHEMA  # noqa: E402  (the schema the parity tests use)
 
 VOCAB = range(4, 512)
+LENGTHS_MIX = "production-lengths"
 MIXES = {
     "plain": [("sampled", 1.0)],
     "production": [("sampled", 0.7), ("logprobs", 0.1), ("json", 0.1), ("stop", 0.1)],
     "long": [("sampled", 1.0)],
+    LENGTHS_MIX: [],  # production's own draw (requests_of)
     "logprobs10": [("sampled", 0.9), ("logprobs", 0.1)],
     "json10": [("sampled", 0.9), ("json", 0.1)],
     "stop10": [("sampled", 0.9), ("stop", 0.1)],
 }
 
 
-def requests_of(mix: str, num_prompts: int, seed: int) -> list[dict]:
-    """Each request's kind, prompt and parameters (the same for every server given the seed)."""
+def requests_of(mix: str, num_prompts: int, seed: int, lengths: list[int] | None = None) -> list[dict]:
+    """Each request's kind, prompt and parameters (the same for every server given the seed;
+    production-lengths: given the output ``lengths`` of production's requests too)."""
+    if mix == LENGTHS_MIX:
+        return _as_plain(requests_of("production", num_prompts, seed), lengths)
     rng = random.Random(f"{seed}:{mix}")
     kinds, weights = zip(*MIXES[mix], strict=True)
     out = []
@@ -67,6 +79,17 @@ def requests_of(mix: str, num_prompts: int, seed: int) -> list[dict]:
         out.append({"kind": kind, "prompt": [rng.choice(VOCAB) for _ in range(length)], "params": params,
                     "body": body})  # fmt: skip
     return out
+
+
+def _as_plain(production: list[dict], lengths: list[int] | None) -> list[dict]:
+    """``production``'s requests as plain ones, each with its twin's output length."""
+    if lengths is None or len(lengths) != len(production):
+        raise SystemExit(f"{LENGTHS_MIX} needs --lengths: one output length per production request")
+    return [
+        {**request, "kind": "plain-as-" + request["kind"], "body": {"ignore_eos": True},
+         "params": {"max_tokens": max(length, 1), "temperature": 0.8, "seed": request["params"]["seed"]}}
+        for request, length in zip(production, lengths, strict=True)
+    ]  # fmt: skip
 
 
 async def one(session, url: str, model: str, request: dict, delay: float) -> dict:
@@ -104,7 +127,8 @@ async def run(args) -> dict:
     import aiohttp
 
     url = args.base_url + "/v1/completions"
-    requests = requests_of(args.mix, args.num_prompts, args.seed)
+    lengths = json.loads(Path(args.lengths).read_text()) if args.lengths else None
+    requests = requests_of(args.mix, args.num_prompts, args.seed, lengths)
     rng = random.Random(args.seed)
     delays, t = [], 0.0
     for _ in requests:
@@ -146,6 +170,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--lengths", help=f"{LENGTHS_MIX}: a JSON list, each production request's output tokens")
     args = ap.parse_args()
     out = asyncio.run(run(args))
     with open(args.out, "w") as f:

@@ -21,6 +21,13 @@ mix and rate, the first mix's duration over the mix's in each block (median and 
 much longer the mix takes than plain traffic on the same server, which this host's drift between
 server starts (2x over minutes) does not blur as it blurs ratios of medians taken across servers.
 
+--mixes production-lengths sends production's requests as plain ones, each asking for the
+output length its production twin got (the seed's first production run gives them; the
+harness runs one first, unrecorded, where none has run). Production's JSON and stop-string
+requests end early, so production decodes fewer tokens than plain, which alone moves a build's
+tokens/s: this mix's N = 8 / N = 1 beside production's tells what production's work (logprobs,
+grammars, stop strings) costs windows apart from its lengths.
+
 Each run also records the cores each of the server's processes used while its requests ran
 (harness/cpu_use.py; "rest" is mostly the client): on a 2-core host the runs all at once are a
 contest for the cores between the worker, the engine core, the API server and the client.
@@ -39,6 +46,7 @@ import tempfile
 from pathlib import Path
 
 from support.engines import Server, run_env
+from traffic_client import LENGTHS_MIX
 
 from harness import builds, results
 from harness.cpu_use import CpuMonitor
@@ -69,18 +77,52 @@ def start_server(arm: str, pythons: dict[str, Path], model: Path, tmp: Path) -> 
     return server
 
 
+class ProductionLengths:
+    """Each seed's production output lengths, which the production-lengths mix asks for: those of
+    the seed's first production run. Every build gives every production request of a seed the
+    same tokens at any rate (token identity), so a later run that gets other lengths is counted
+    in its row (``lengths_match``)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+
+    def path(self, seed: int) -> Path:
+        return self.tmp / f"production-lengths-{seed}.json"
+
+    def record(self, seed: int, requests: list[dict]) -> bool | None:
+        """Keep a production run's lengths; whether they match those kept (None: none were, or
+        a request failed and has no length)."""
+        tokens = [request.get("tokens") for request in requests]
+        if None in tokens:
+            return None
+        path = self.path(seed)
+        if not path.exists():
+            path.write_text(json.dumps(tokens))
+            return None
+        return json.loads(path.read_text()) == tokens
+
+
 def send(server: Server, client_python: Path, mix: str, rate: str, seed: int, args, tmp: Path) -> dict:
+    lengths = ProductionLengths(tmp)
+    extra: list = []
+    if mix == LENGTHS_MIX:
+        if not lengths.path(seed).exists():  # a production run of the seed first, not recorded
+            send(server, client_python, "production", rate, seed, args, tmp)
+        extra = ["--lengths", lengths.path(seed)]
     out = tmp / f"{mix}-{rate}.json"
     with CpuMonitor(server.proc.pid) as cpu:
         proc = run_env(
             client_python, BENCHMARKS / "traffic_client.py", "--base-url", server.base, "--model", "m", "--mix", mix,
-            "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", str(seed), "--out", out,
+            "--rate", rate, "--num-prompts", str(args.num_prompts), "--seed", str(seed), "--out", out, *extra,
             timeout=CLIENT_TIMEOUT_S,
         )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
     data = json.loads(out.read_text())
-    return {**data["summary"], "duration": data["duration"], "cpu": cpu.usage(data["duration"])}
+    row = {**data["summary"], "duration": data["duration"], "cpu": cpu.usage(data["duration"])}
+    if mix == "production" and (match := lengths.record(seed, data["requests"])) is not None:
+        row["lengths_match"] = match
+    return row
 
 
 def window_share(server: Server) -> float | None:

@@ -4,6 +4,8 @@ first mix beside it in the same server."""
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -52,3 +54,31 @@ def test_the_summary_gives_each_arms_median_cores_per_process():
         "N8": {"VLLM::Worker": 0.9, "vllm": 0.2, "rest": 0.2},
         "N1": {"VLLM::Worker": 0.6, "vllm": 0.5, "rest": 0.4},
     }
+
+
+def test_production_lengths_are_kept_from_the_seeds_first_run_and_later_runs_checked(tmp_path):
+    lengths = serve_mix.ProductionLengths(tmp_path)
+    first = [{"tokens": 5}, {"tokens": 48}]
+    assert lengths.record(3, first) is None  # kept
+    assert serve_mix.json.loads(lengths.path(3).read_text()) == [5, 48]
+    assert lengths.record(3, first) is True
+    assert lengths.record(3, [{"tokens": 5}, {"tokens": 47}]) is False  # not token-identical
+    assert serve_mix.json.loads(lengths.path(3).read_text()) == [5, 48]  # the first run's stay
+    # a failed request has no length: nothing kept, nothing checked
+    assert lengths.record(4, [{"tokens": 5}, {"error": "HTTP 500"}]) is None
+    assert not lengths.path(4).exists()
+
+
+def test_production_lengths_sends_productions_requests_as_plain_ones_of_its_lengths():
+    import traffic_client
+
+    production = traffic_client.requests_of("production", 40, 7)
+    lengths = list(range(len(production)))
+    twins = traffic_client.requests_of(traffic_client.LENGTHS_MIX, 40, 7, lengths)
+    assert {r["kind"] for r in production} == {"sampled", "logprobs", "json", "stop"}
+    for request, twin, length in zip(production, twins, lengths, strict=True):
+        assert twin["prompt"] == request["prompt"] and twin["kind"] == "plain-as-" + request["kind"]
+        assert twin["params"] == {"max_tokens": max(length, 1), "temperature": 0.8, "seed": request["params"]["seed"]}
+        assert twin["body"] == {"ignore_eos": True}  # runs to its length: no grammar, stop or EOS
+    with pytest.raises(SystemExit, match="needs --lengths"):
+        traffic_client.requests_of(traffic_client.LENGTHS_MIX, 40, 7, lengths[:-1])
