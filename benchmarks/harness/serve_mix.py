@@ -64,7 +64,7 @@ ARMS |= {f"{arm}-sync": [*ARMS[arm], "--no-async-scheduling"] for arm in ("N1", 
 ARMS["N8-spin"] = [*ARMS["N8"], "--additional-config", json.dumps({"multi_step_engine_core_parks": False})]
 DEFAULT_ARMS = ["upstream", "N1", "N8"]
 METRICS = ["output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "errors"]
-RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1")]
+RATIOS = [("N8", "upstream"), ("N1", "upstream"), ("N8", "N1"), ("N8", "N8-spin"), ("N8-spin", "upstream")]
 CLIENT_TIMEOUT_S = 1800
 
 

@@ -2,13 +2,16 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """With multi-step windows the engine core waits for a step's output parked."""
 
+import collections
+import queue
+import threading
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import pytest
-
 from vllm.config.multi_step import ENGINE_CORE_PARK_KEY, engine_core_parks
+from vllm.v1.engine import EngineCoreRequestType
 from vllm.v1.engine.core import EngineCoreProc
 from vllm.v1.engine.engine_core_park import waits_parked
 
@@ -29,10 +32,7 @@ def engine_core(
     executor = SimpleNamespace()
     if readers is not None:
         executor.response_mqs = [
-            SimpleNamespace(
-                _spin_condition=SimpleNamespace(is_reader=True, busy_loop_s=1)
-            )
-            for _ in range(readers)
+            SimpleNamespace(_spin_condition=SimpleNamespace(is_reader=True, busy_loop_s=1)) for _ in range(readers)
         ]
     return SimpleNamespace(vllm_config=vllm_config, model_executor=executor)
 
@@ -81,10 +81,88 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_key():
         engine_core_parks(core.vllm_config)
 
 
-def test_the_engine_core_blocks_on_the_output_without_spinning():
+class Output:
+    """An executor's future whose result() blocks until the test releases it
+    (`release`), or raises `error`."""
+
+    def __init__(self, value: Any = "output", error: BaseException | None = None):
+        self.value, self.error = value, error
+        self.released = threading.Event()
+        self.poll = mock.Mock(side_effect=AssertionError("spun on the output"))
+        self.wait_briefly = mock.Mock(side_effect=AssertionError("spun"))
+
+    def release(self) -> None:
+        self.released.set()
+
+    def result(self) -> Any:
+        assert self.released.wait(10), "the test never released the output"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def parked_core() -> Any:
+    """An engine core that waits parked, with upstream's input queue and
+    deferred inputs; `handled` records the inputs it handled, in order."""
     core = engine_core()
-    future = mock.Mock()
-    future.poll.side_effect = AssertionError("spun on the output")
-    future.result.return_value = "output"
-    assert EngineCoreProc._wait_for_output(core, future) == "output"
-    future.wait_briefly.assert_not_called()
+    core.input_queue = queue.Queue()
+    core._deferred_inputs = collections.deque()
+    core.handled = []
+    core._handle_client_request = lambda *req: core.handled.append(req)
+    return core
+
+
+ADD, ABORT, UTILITY = (
+    EngineCoreRequestType.ADD,
+    EngineCoreRequestType.ABORT,
+    EngineCoreRequestType.UTILITY,
+)
+
+
+def test_the_engine_core_waits_for_the_output_without_spinning():
+    core, output = parked_core(), Output()
+    output.release()
+    assert EngineCoreProc._wait_for_output(core, output) == "output"
+    assert core.handled == [] and not core._deferred_inputs
+
+
+def test_requests_that_arrive_during_the_step_are_added_before_it_ends():
+    core, output = parked_core(), Output()
+
+    def handle(*req: Any) -> None:
+        core.handled.append(req)
+        if len(core.handled) == 2:
+            output.release()  # the step ends only after both were added
+
+    core._handle_client_request = handle
+    core.input_queue.put((ADD, "a"))
+    core.input_queue.put((ABORT, "b"))
+    assert EngineCoreProc._wait_for_output(core, output) == "output"
+    assert core.handled == [(ADD, "a"), (ABORT, "b")]
+
+
+def test_inputs_from_the_first_one_deferred_on_wait_for_the_step_in_order():
+    core, output = parked_core(), Output()
+    for req in [(ADD, "a"), (UTILITY, "u"), (ADD, "b")]:
+        core.input_queue.put(req)
+    threading.Timer(0.2, output.release).start()
+    assert EngineCoreProc._wait_for_output(core, output) == "output"
+    assert core.handled == [(ADD, "a")]
+    assert list(core._deferred_inputs) == [(UTILITY, "u"), (ADD, "b")]
+
+
+def test_an_error_of_the_step_is_raised_in_the_engine_core():
+    core, output = parked_core(), Output(error=RuntimeError("worker died"))
+    output.release()
+    with pytest.raises(RuntimeError, match="worker died"):
+        EngineCoreProc._wait_for_output(core, output)
+
+
+def test_one_waiter_thread_serves_every_step():
+    core = parked_core()
+    threads = threading.active_count()
+    for step in range(3):
+        output = Output(value=step)
+        output.release()
+        assert EngineCoreProc._wait_for_output(core, output) == step
+    assert threading.active_count() == threads + 1

@@ -11,20 +11,38 @@ worker. Here it blocks on the output, as upstream does once a step has run for
 a second, and its readers of the response queues park as soon as they find
 nothing to read, to be woken through their pipes (shm_wakeup.py).
 
-Requests that arrive meanwhile are taken in after the step, as upstream takes
-them in after a long one. A window still yields to them at once: the engine
-core's input thread counts each arrival for the worker (arrivals.py).
+Requests that arrive meanwhile are still taken in during the step, as
+upstream's spin takes them in: the engine core blocks on its input queue, not on
+the output, and a thread of its own waits for the output and hands it to that
+queue. So an arrival wakes the engine core, which adds the request while the
+window runs (the window yields to it at its next inner step: the input thread
+counts each arrival for the worker, arrivals.py), and the output wakes it too.
+Blocking on the output alone left arrivals for after the step and raised the
+median time to first token of requests sent all at once (docs/benchmarks.md).
 
 On by default on CPU, where it was measured (docs/benchmarks.md); the
 additional_config key `multi_step_engine_core_parks` sets it.
 """
 
+import queue
+import threading
+from collections.abc import Container
+from concurrent.futures import Future
 from typing import Any
 
 from vllm.config.multi_step import engine_core_parks
 
-# Set on the engine core once it has decided.
+# Set on the engine core once it has decided, and at its first parked wait.
 _PARKS_ATTR = "_multi_step_parks"
+_WAITER_ATTR = "_multi_step_output_waiter"
+
+
+class _OutputReady:
+    """The request type of the input queue's entry that carries a step's
+    output (a Future) from the waiter thread."""
+
+
+OUTPUT_READY = _OutputReady()
 
 
 def waits_parked(engine_core: Any) -> bool:
@@ -52,3 +70,52 @@ def _start_parking(engine_core: Any) -> bool:
     for condition in readers:
         condition.busy_loop_s = 0  # park at the first look that finds nothing
     return True
+
+
+def wait_parked(
+    engine_core: Any, future: Future[Any], handled_during_step: Container[Any]
+) -> Any:
+    """The step's output, once `future` (the executor's) has it. Meanwhile the
+    engine core handles each input of a type in `handled_during_step` as it
+    arrives, as upstream's spin does, and defers the rest, with every input
+    after the first it defers, to after the step."""
+    waiter = getattr(engine_core, _WAITER_ATTR, None)
+    if waiter is None:
+        waiter = OutputWaiter(engine_core.input_queue)
+        setattr(engine_core, _WAITER_ATTR, waiter)
+    waiter.wait_for(future)
+    deferred = engine_core._deferred_inputs
+    while True:
+        request_type, payload = engine_core.input_queue.get()
+        if request_type is OUTPUT_READY:
+            return payload.result()
+        if not deferred and request_type in handled_during_step:
+            engine_core._handle_client_request(request_type, payload)
+        else:
+            deferred.append((request_type, payload))
+
+
+class OutputWaiter:
+    """A thread that waits for each step's output in the engine core's stead
+    (its readers park, woken through their pipes) and puts it on the engine
+    core's input queue, where the engine core is blocked."""
+
+    def __init__(self, input_queue: "queue.Queue[tuple[Any, Any]]") -> None:
+        self._input_queue = input_queue
+        self._futures: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+        threading.Thread(
+            target=self._run, name="EngineCoreOutputWaiter", daemon=True
+        ).start()
+
+    def wait_for(self, future: Future[Any]) -> None:
+        self._futures.put(future)
+
+    def _run(self) -> None:
+        while True:
+            future = self._futures.get()
+            ready: Future[Any] = Future()
+            try:
+                ready.set_result(future.result())
+            except BaseException as e:  # raised in the engine core's thread
+                ready.set_exception(e)
+            self._input_queue.put_nowait((OUTPUT_READY, ready))
