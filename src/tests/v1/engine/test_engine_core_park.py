@@ -10,6 +10,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+
 from vllm.config.multi_step import ENGINE_CORE_PARK_KEY, engine_core_parks
 from vllm.v1.engine import EngineCoreRequestType
 from vllm.v1.engine.core import EngineCoreProc
@@ -32,7 +33,10 @@ def engine_core(
     executor = SimpleNamespace()
     if readers is not None:
         executor.response_mqs = [
-            SimpleNamespace(_spin_condition=SimpleNamespace(is_reader=True, busy_loop_s=1)) for _ in range(readers)
+            SimpleNamespace(
+                _spin_condition=SimpleNamespace(is_reader=True, busy_loop_s=1)
+            )
+            for _ in range(readers)
         ]
     return SimpleNamespace(vllm_config=vllm_config, model_executor=executor)
 

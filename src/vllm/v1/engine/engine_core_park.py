@@ -7,9 +7,9 @@ queues (yielding the CPU between looks, for up to a second) while a step runs,
 to take in requests that arrive meanwhile and to see the output the moment it
 is written. A window is a long step, so the engine core spun through all of
 it: 0.6-0.8 of a core on a 2-core host, taken from the API server and the
-worker. Here it blocks on the output, as upstream does once a step has run for
-a second, and its readers of the response queues park as soon as they find
-nothing to read, to be woken through their pipes (shm_wakeup.py).
+worker. Here it waits without spinning, and its readers of the response queues
+park as soon as they find nothing to read, to be woken through their pipes
+(shm_wakeup.py).
 
 Requests that arrive meanwhile are still taken in during the step, as
 upstream's spin takes them in: the engine core blocks on its input queue, not on
